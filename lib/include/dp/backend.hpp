@@ -1,0 +1,91 @@
+// dp::Backend: the per-op interface (forward/backward pairs) that the CPU and CUDA backends
+// implement.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace dp {
+
+// Activation shape, NHWC float32 everywhere.
+struct Dims {
+  int n = 0, h = 0, w = 0, c = 0;
+  int64_t numel() const { return int64_t{n} * h * w * c; }
+  int64_t pixels() const { return int64_t{n} * h * w; }
+  bool operator==(const Dims&) const = default;
+};
+
+// A stride-1 "same" convolution (kernel 1 or 3, padding kernel/2) with bias and optional fused
+// ReLU.
+struct ConvDesc {
+  int n = 0, h = 0, w = 0;  // batch and spatial size (input = output)
+  int cin = 0, cout = 0;
+  int kernel = 3;
+  bool relu = false;
+  Dims src() const { return {n, h, w, cin}; }
+  Dims dst() const { return {n, h, w, cout}; }
+  bool operator==(const ConvDesc&) const = default;
+};
+
+// Argument order everywhere: outputs' shapes, inputs, weights, saved state, outputs.
+// Backward functions OVERWRITE their outputs unless an `accumulate` flag says otherwise.
+// Pointers are backend memory (host memory for the CPU backend).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // dst = act(conv(src, weight) + bias); weight in PyTorch layout [cout, cin, k, k], bias [cout].
+  virtual void conv_forward(const ConvDesc& d, const float* src, const float* weight,
+                            const float* bias, float* dst) = 0;
+  // With d.relu, diff_dst is first turned in place into the gradient before the ReLU (using
+  // dst). diff_src may be null (first layer). diff_weight/diff_bias: PyTorch layout.
+  virtual void conv_backward(const ConvDesc& d, const float* src, const float* weight,
+                             const float* dst, float* diff_dst, float* diff_src, float* diff_weight,
+                             float* diff_bias) = 0;
+
+  virtual void relu_forward(int64_t count, const float* src, float* dst) = 0;
+  // diff_src = diff_dst * (dst > 0); may be in place.
+  virtual void relu_backward(int64_t count, const float* dst, const float* diff_dst,
+                             float* diff_src) = 0;
+
+  // 2x2 max-pool, stride 2 (src h and w even). argmax: one byte per dst element (0..3).
+  virtual void maxpool2x2_forward(const Dims& src_dims, const float* src, float* dst,
+                                  uint8_t* argmax) = 0;
+  virtual void maxpool2x2_backward(const Dims& src_dims, const uint8_t* argmax,
+                                   const float* diff_dst, float* diff_src, bool accumulate) = 0;
+
+  // Bilinear x2 upsample, PyTorch's align_corners=False.
+  virtual void upsample2x_forward(const Dims& src_dims, const float* src, float* dst) = 0;
+  virtual void upsample2x_backward(const Dims& src_dims, const float* diff_dst,
+                                   float* diff_src) = 0;
+
+  // dst = cat(a, b) along channels; a and b have the same n, h, w.
+  virtual void concat_forward(const Dims& a_dims, const float* a, const Dims& b_dims,
+                              const float* b, float* dst) = 0;
+  virtual void concat_backward(const Dims& a_dims, const Dims& b_dims, const float* diff_dst,
+                               float* diff_a, float* diff_b) = 0;
+
+  // Binary cross-entropy with logits, PyTorch formula with pos_weight. Returns the SUM of the
+  // per-element losses (double); writes diff_logits = d(loss_sum)/d(logit) * grad_scale.
+  virtual double bce_with_logits(int64_t count, const float* logits, const float* target,
+                                 float pos_weight, float grad_scale, float* diff_logits) = 0;
+  // Adds to counts[0..2] the true positives, false positives and false negatives of
+  // (logit > logit_threshold) against target (0/1).
+  virtual void confusion_counts(int64_t count, const float* logits, const float* target,
+                                float logit_threshold, int64_t* counts) = 0;
+
+  // dst += src, and dst = src (element-wise, count floats).
+  virtual void accumulate(int64_t count, const float* src, float* dst) = 0;
+  virtual void copy(int64_t count, const float* src, float* dst) = 0;
+
+  // PyTorch SGD: g = grad + wd*p; m = momentum*m + g; p -= lr * (nesterov ? g + momentum*m : m).
+  virtual void sgd_update(int64_t count, float* param, const float* grad, float* momentum_buf,
+                          float lr, float momentum, float weight_decay, bool nesterov) = 0;
+};
+
+// The oneDNN backend (lib/cpu/). Threads follow OMP_NUM_THREADS.
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace dp

@@ -1,0 +1,50 @@
+// Checkpoint v1 (HDF5): parameters in PyTorch layout, optimiser state and training metadata.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dp/params.hpp"
+
+namespace dp {
+
+inline constexpr const char* kCheckpointFormat = "dp-checkpoint-v1";
+
+// Layout: /params/<name> (float32, PyTorch shape), /optim/momentum_buffer/<name>; root attributes
+// below. `checksum` covers every dataset, in name order, so a torn or altered file is detected.
+struct CheckpointMeta {
+  int64_t epoch = 0;  // epochs completed; training resumes at this epoch index
+  int64_t step = 0;   // optimizer steps taken
+  std::string model;
+  int64_t width_divisor = 1;
+  int64_t height = 0, width = 0;
+  int64_t world_size = 1;
+  int64_t global_batch = 0;
+  int64_t seed = 0;
+  double lr = 0;               // learning rate of the last completed epoch
+  double best_valid_loss = 0;  // best so far, including this epoch
+  int64_t best_epoch = 0;
+  std::string options;  // effective configuration, one "key = value" per line
+  // One entry per completed epoch.
+  std::vector<double> train_loss, valid_loss, valid_iou, epoch_seconds;
+};
+
+// Writes atomically (temporary file, flush, fsync, rename, directory fsync). `momentum` may be
+// null (weights-only file).
+void save_checkpoint(const std::string& path, const ParamStore& params, const float* momentum,
+                     const CheckpointMeta& meta);
+
+// Reads only the attributes and checks the format; throws dp::Error naming the file otherwise.
+CheckpointMeta read_checkpoint_meta(const std::string& path);
+
+// Loads parameters (every name and shape must match; checksum verified) and, if `momentum` is
+// not null, the optimiser state. Returns the metadata.
+CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, float* momentum);
+
+// Epoch checkpoints model_epoch_<N>.h5 in `dir`, newest first (by N).
+std::vector<std::pair<int64_t, std::string>> list_epoch_checkpoints(const std::string& dir);
+std::string epoch_checkpoint_name(int64_t epoch);  // "model_epoch_<N>.h5"
+inline constexpr const char* kBestCheckpointName = "model_best.h5";
+
+}  // namespace dp

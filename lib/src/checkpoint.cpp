@@ -1,0 +1,195 @@
+// Checkpoint v1 writer and reader (HDF5), with a checksum over every stored tensor.
+#include "dp/checkpoint.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+
+#include "dp/error.hpp"
+#include "dp/fs.hpp"
+#include "dp/h5.hpp"
+#include "dp/optim.hpp"
+#include "dp/rng.hpp"
+
+namespace dp {
+namespace {
+
+const std::string kParamsGroup = "params";
+const std::string kMomentumGroup = std::string("optim/") + Sgd::kStateName;
+
+// 64-bit checksum of float tensors, chained in a fixed order (parameters by name, then state).
+uint64_t checksum_update(uint64_t h, const std::string& name, const float* data, int64_t count) {
+  uint64_t acc = key(h, hash_name(name), static_cast<uint64_t>(count));
+  const auto* words = reinterpret_cast<const uint32_t*>(data);
+  for (int64_t i = 0; i < count; ++i) acc = (acc ^ words[i]) * 0x100000001b3ull;
+  return mix64(acc);
+}
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// Views sorted by name: the order of datasets in the file and in the checksum.
+std::vector<const ParamView*> by_name(const ParamStore& params) {
+  std::vector<const ParamView*> v;
+  for (const auto& p : params.views()) v.push_back(&p);
+  std::sort(v.begin(), v.end(), [](auto* a, auto* b) { return a->name < b->name; });
+  return v;
+}
+
+void write_meta(h5::Location& root, const CheckpointMeta& m) {
+  root.set_attr("format", std::string(kCheckpointFormat));
+  root.set_attr("epoch", m.epoch);
+  root.set_attr("step", m.step);
+  root.set_attr("model", m.model);
+  root.set_attr("width_divisor", m.width_divisor);
+  root.set_attr("height", m.height);
+  root.set_attr("width", m.width);
+  root.set_attr("world_size", m.world_size);
+  root.set_attr("global_batch", m.global_batch);
+  root.set_attr("seed", m.seed);
+  root.set_attr("lr", m.lr);
+  root.set_attr("best_valid_loss", m.best_valid_loss);
+  root.set_attr("best_epoch", m.best_epoch);
+  root.set_attr("options", m.options);
+  root.set_attr("history_train_loss", m.train_loss);
+  root.set_attr("history_valid_loss", m.valid_loss);
+  root.set_attr("history_valid_iou", m.valid_iou);
+  root.set_attr("history_epoch_seconds", m.epoch_seconds);
+}
+
+CheckpointMeta read_meta(const h5::Location& root) {
+  const std::string format = root.has_attr("format") ? root.attr_string("format") : "";
+  DP_CHECK(format == kCheckpointFormat, "'", root.name(), "' is not a dptrain checkpoint: format '",
+           format, "', expected '", kCheckpointFormat, "'");
+  CheckpointMeta m;
+  m.epoch = root.attr_int("epoch");
+  m.step = root.attr_int("step");
+  m.model = root.attr_string("model");
+  m.width_divisor = root.attr_int("width_divisor");
+  m.height = root.attr_int("height");
+  m.width = root.attr_int("width");
+  m.world_size = root.attr_int("world_size");
+  m.global_batch = root.attr_int("global_batch");
+  m.seed = root.attr_int("seed");
+  m.lr = root.attr_double("lr");
+  m.best_valid_loss = root.attr_double("best_valid_loss");
+  m.best_epoch = root.attr_int("best_epoch");
+  m.options = root.attr_string("options");
+  m.train_loss = root.attr_doubles("history_train_loss");
+  m.valid_loss = root.attr_doubles("history_valid_loss");
+  m.valid_iou = root.attr_doubles("history_valid_iou");
+  m.epoch_seconds = root.attr_doubles("history_epoch_seconds");
+  return m;
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& path, const ParamStore& params, const float* momentum,
+                     const CheckpointMeta& meta) {
+  const std::string tmp = temp_path_for(path);
+  try {
+    std::lock_guard lock(h5::mutex());
+    h5::File file(tmp, h5::Mode::kTruncate);
+    uint64_t sum = 0;
+    for (const ParamView* p : by_name(params)) {
+      h5::Dataset::create(file, kParamsGroup + "/" + p->name, h5::Type::kFloat32, p->shape)
+          .write(p->value);
+      sum = checksum_update(sum, p->name, p->value, p->numel);
+    }
+    if (momentum != nullptr) {
+      for (const ParamView* p : by_name(params)) {
+        const float* m = momentum + p->offset;
+        h5::Dataset::create(file, kMomentumGroup + "/" + p->name, h5::Type::kFloat32, p->shape)
+            .write(m);
+        sum = checksum_update(sum, kMomentumGroup + "/" + p->name, m, p->numel);
+      }
+    }
+    write_meta(file, meta);
+    file.set_attr("has_optimizer_state", int64_t{momentum != nullptr});
+    file.set_attr("checksum", hex(sum));
+    file.flush();
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  try {
+    commit_file(tmp, path);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
+CheckpointMeta read_checkpoint_meta(const std::string& path) {
+  std::lock_guard lock(h5::mutex());
+  h5::File file(path, h5::Mode::kRead);
+  return read_meta(file);
+}
+
+CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, float* momentum) {
+  std::lock_guard lock(h5::mutex());
+  h5::File file(path, h5::Mode::kRead);
+  CheckpointMeta meta = read_meta(file);
+  const bool has_state =
+      file.has_attr("has_optimizer_state") && file.attr_int("has_optimizer_state");
+  DP_CHECK(momentum == nullptr || has_state, "checkpoint '", path,
+           "' holds no optimizer state (weights only); cannot resume training from it");
+  auto load = [&](const std::string& dset_path, const ParamView& p, float* dst) {
+    DP_CHECK(file.exists(dset_path), "checkpoint '", path, "' lacks '", dset_path, "'");
+    h5::Dataset d = h5::Dataset::open(file, dset_path);
+    DP_CHECK(d.shape() == p.shape, "checkpoint '", path, "': '", dset_path,
+             "' has a different shape than the model's parameter (model ", meta.model,
+             " with a different width?)");
+    d.read(dst);
+  };
+  uint64_t sum = 0;
+  for (const ParamView* p : by_name(params)) {
+    load(kParamsGroup + "/" + p->name, *p, p->value);
+    sum = checksum_update(sum, p->name, p->value, p->numel);
+  }
+  const auto stored = file.open_group(kParamsGroup).children();
+  DP_CHECK(stored.size() == params.views().size(), "checkpoint '", path, "' holds ", stored.size(),
+           " parameters, the model has ", params.views().size());
+  if (has_state) {
+    // The checksum covers the state too, so read it (into the caller's buffer or a scratch one).
+    std::vector<float> scratch;
+    for (const ParamView* p : by_name(params)) {
+      float* dst = momentum != nullptr ? momentum + p->offset : nullptr;
+      if (dst == nullptr) {
+        scratch.resize(static_cast<size_t>(p->numel));
+        dst = scratch.data();
+      }
+      load(kMomentumGroup + "/" + p->name, *p, dst);
+      sum = checksum_update(sum, kMomentumGroup + "/" + p->name, dst, p->numel);
+    }
+  }
+  DP_CHECK(file.attr_string("checksum") == hex(sum), "checkpoint '", path,
+           "' is corrupt: checksum mismatch (stored ", file.attr_string("checksum"), ", computed ",
+           hex(sum), ")");
+  return meta;
+}
+
+std::string epoch_checkpoint_name(int64_t epoch) {
+  return "model_epoch_" + std::to_string(epoch) + ".h5";
+}
+
+std::vector<std::pair<int64_t, std::string>> list_epoch_checkpoints(const std::string& dir) {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return found;
+  static const std::regex pattern(R"(model_epoch_(\d+)\.h5)");
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && std::regex_match(name, m, pattern))
+      found.emplace_back(std::stoll(m[1].str()), entry.path().string());
+  }
+  std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  return found;
+}
+
+}  // namespace dp
