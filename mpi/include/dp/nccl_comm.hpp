@@ -1,0 +1,57 @@
+// dp::mpi::NcclComm: NCCL communicator over the ranks of an MpiComm, for device all-reduces.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <cstddef>
+
+#include "dp/error.hpp"
+#include "dp/mpi_comm.hpp"
+
+// One CHECK macro for NCCL: a failed status becomes dp::Error
+// "NCCL error in <call>: <ncclGetErrorString> (<ncclGetLastError>) (at file:line)".
+#define DP_NCCL_CHECK(call)                                                    \
+  do {                                                                         \
+    ncclResult_t dp_nccl_status_ = (call);                                     \
+    if (dp_nccl_status_ != ncclSuccess)                                        \
+      ::dp::mpi::throw_nccl_error(dp_nccl_status_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+namespace dp::mpi {
+
+[[noreturn]] void throw_nccl_error(ncclResult_t status, const char* call, const char* file,
+                                   int line);
+
+// Collective constructor: every rank of `mpi` must construct one, after selecting its GPU
+// (dp::cuda::select_device). Rank 0 creates the unique id, MPI broadcasts it, every rank joins
+// with ncclCommInitRank. NCCL ranks equal MPI ranks. Not copyable or movable.
+class NcclComm {
+ public:
+  explicit NcclComm(const MpiComm& mpi);
+  ~NcclComm();
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // In-place sum over all ranks of `n` floats in device memory, enqueued on `stream` (returns
+  // before it completes). Every rank must make the same calls in the same order.
+  void allreduce_sum(float* device_buf, size_t n, cudaStream_t stream);
+  // Throws dp::Error if NCCL has recorded an asynchronous error (e.g. a peer or network failure);
+  // call it while waiting on a stream that runs NCCL work so a failure cannot hang the rank.
+  void check_async();
+  ncclComm_t native() const { return comm_; }
+
+ private:
+  // Throws like DP_NCCL_CHECK, after marking the communicator as failed.
+  void check(ncclResult_t status, const char* call, const char* file, int line);
+
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0, size_ = 1;
+  // Set once any call failed: the destructor then aborts instead of destroying (which may wait).
+  bool failed_ = false;
+};
+
+}  // namespace dp::mpi
