@@ -1,0 +1,72 @@
+// Dataset format v1 (HDF5): reader of one split and a writer, with validation of the layout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace dp::h5 {
+class File;
+class Dataset;
+}  // namespace dp::h5
+
+namespace dp::data {
+
+inline constexpr const char* kDatasetFormat = "dp-crack-v1";
+
+// One split ("train" or "val") of a dataset v1 file:
+//   /<split>/images uint8 [N,H,W,3], /<split>/masks uint8 [N,H,W] with values {0,1};
+//   root attributes format = "dp-crack-v1", pos_weight (float).
+// The constructor validates the layout and throws dp::Error naming the file, the object and what
+// was expected. Not thread-safe by itself: all HDF5 access is serialised by dp::h5::mutex().
+class Dataset {
+ public:
+  Dataset(const std::string& path, const std::string& split);
+  ~Dataset();
+  Dataset(Dataset&&) noexcept;
+  Dataset& operator=(Dataset&&) noexcept;
+
+  static bool has_split(const std::string& path, const std::string& split);
+
+  int64_t size() const { return size_; }
+  int height() const { return height_; }
+  int width() const { return width_; }
+  float pos_weight() const { return pos_weight_; }
+  const std::string& path() const { return path_; }
+  const std::string& split() const { return split_; }
+  // Reads sample `index` (reads only that sample's chunk): image H*W*3, mask H*W (0/1).
+  void read(int64_t index, uint8_t* image, uint8_t* mask) const;
+
+ private:
+  std::string path_, split_;
+  int64_t size_ = 0;
+  int height_ = 0, width_ = 0;
+  float pos_weight_ = 1.0f;
+  std::unique_ptr<h5::File> file_;
+  std::unique_ptr<h5::Dataset> images_, masks_;
+};
+
+// Writes a dataset v1 file to `<path>.tmp.<pid>` and renames it to `path` on commit(): an
+// interrupted or failed writer leaves no file that looks valid (the temporary is removed).
+class DatasetWriter {
+ public:
+  DatasetWriter(const std::string& path, int height, int width, int64_t train_count,
+                int64_t val_count, int gzip_level = 0);
+  ~DatasetWriter();  // removes the temporary file unless commit() succeeded
+  DatasetWriter(const DatasetWriter&) = delete;
+  DatasetWriter& operator=(const DatasetWriter&) = delete;
+
+  void write(const std::string& split, int64_t index, const uint8_t* image, const uint8_t* mask);
+  // Extra root attributes (e.g. the generator's parameters).
+  void set_attr(const std::string& name, const std::string& value);
+  void set_attr(const std::string& name, int64_t value);
+  // Computes pos_weight from the written train masks (background / crack pixels), writes the
+  // attributes, flushes, closes, fsyncs and renames into place.
+  void commit();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dp::data

@@ -1,0 +1,247 @@
+// Dataset format v1 (HDF5): validating reader of one split and the atomic (temp + rename) writer.
+#include "dp/dataset.hpp"
+
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#include "dp/error.hpp"
+#include "dp/fs.hpp"
+#include "dp/h5.hpp"
+
+namespace dp::data {
+
+namespace {
+
+constexpr int kChannels = 3;
+constexpr int kMaxGzip = 9;
+constexpr const char* kFormatAttr = "format";
+constexpr const char* kPosWeightAttr = "pos_weight";
+
+std::string images_path(const std::string& split) {
+  return split + "/images";
+}
+std::string masks_path(const std::string& split) {
+  return split + "/masks";
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += str_cat(i ? "," : "", shape[i]);
+  return s + "]";
+}
+
+// Throws unless every mask value is 0 or 1.
+void check_mask(const uint8_t* mask, int64_t pixels, const std::string& where, int64_t index) {
+  for (int64_t i = 0; i < pixels; ++i) {
+    DP_CHECK(mask[i] <= 1, "mask of sample ", index, " in '", where, "' has value ",
+             static_cast<int>(mask[i]), ", expected 0 or 1");
+  }
+}
+
+std::string parent_dir(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+
+Dataset::Dataset(const std::string& path, const std::string& split) : path_(path), split_(split) {
+  file_ = std::make_unique<h5::File>(path, h5::Mode::kRead);
+  DP_CHECK(file_->has_attr(kFormatAttr), "'", path, "' is not a ", kDatasetFormat,
+           " dataset: root attribute '", kFormatAttr, "' is missing");
+  const std::string format = file_->attr_string(kFormatAttr);
+  DP_CHECK(format == kDatasetFormat, "'", path, "' has format '", format, "', expected '",
+           kDatasetFormat, "'");
+  DP_CHECK(file_->exists(split), "'", path, "' has no split '", split, "' (group '/", split,
+           "' not found)");
+  images_ = std::make_unique<h5::Dataset>(h5::Dataset::open(*file_, images_path(split)));
+  masks_ = std::make_unique<h5::Dataset>(h5::Dataset::open(*file_, masks_path(split)));
+
+  const std::vector<int64_t>& is = images_->shape();
+  const std::vector<int64_t>& ms = masks_->shape();
+  DP_CHECK(images_->type() == h5::Type::kUint8, "dataset '", images_->name(),
+           "' has type float32, expected uint8");
+  DP_CHECK(masks_->type() == h5::Type::kUint8, "dataset '", masks_->name(),
+           "' has type float32, expected uint8");
+  DP_CHECK(is.size() == 4 && is[3] == kChannels && is[1] > 0 && is[2] > 0, "dataset '",
+           images_->name(), "' has shape ", shape_str(is), ", expected [N,H,W,3]");
+  DP_CHECK(ms.size() == 3, "dataset '", masks_->name(), "' has shape ", shape_str(ms),
+           ", expected [N,H,W]");
+  DP_CHECK(ms[0] == is[0] && ms[1] == is[1] && ms[2] == is[2], "dataset '", masks_->name(),
+           "' has shape ", shape_str(ms), ", expected [", is[0], ",", is[1], ",", is[2],
+           "] to match '", images_->name(), "' ", shape_str(is));
+  constexpr int64_t kMaxSide = std::numeric_limits<int>::max() / kChannels;
+  DP_CHECK(is[1] <= kMaxSide && is[2] <= kMaxSide, "dataset '", images_->name(), "': image size ",
+           is[1], "x", is[2], " is too large");
+  size_ = is[0];
+  height_ = static_cast<int>(is[1]);
+  width_ = static_cast<int>(is[2]);
+
+  DP_CHECK(file_->has_attr(kPosWeightAttr), "'", path, "' is not a valid ", kDatasetFormat,
+           " dataset: root attribute '", kPosWeightAttr, "' is missing");
+  const double pw = file_->attr_double(kPosWeightAttr);
+  DP_CHECK(pw > 0 && pw <= std::numeric_limits<float>::max(), "'", path, "': root attribute '",
+           kPosWeightAttr, "' is ", pw, ", expected a positive number");
+  pos_weight_ = static_cast<float>(pw);
+}
+
+Dataset::~Dataset() = default;
+Dataset::Dataset(Dataset&&) noexcept = default;
+Dataset& Dataset::operator=(Dataset&&) noexcept = default;
+
+bool Dataset::has_split(const std::string& path, const std::string& split) {
+  h5::File file(path, h5::Mode::kRead);
+  return file.exists(images_path(split)) && file.exists(masks_path(split));
+}
+
+void Dataset::read(int64_t index, uint8_t* image, uint8_t* mask) const {
+  DP_CHECK(index >= 0 && index < size_, "sample index ", index, " out of range [0, ", size_,
+           ") for split '", split_, "' of '", path_, "'");
+  images_->read_rows(index, 1, image);
+  masks_->read_rows(index, 1, mask);
+  check_mask(mask, static_cast<int64_t>(height_) * width_, masks_->name(), index);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+struct DatasetWriter::Impl {
+  struct Split {
+    std::string name;
+    int64_t count = 0;
+    std::optional<h5::Dataset> images, masks;
+    std::vector<uint8_t> written;       // per sample: 1 once written
+    std::vector<int64_t> crack_pixels;  // per sample (train only: for pos_weight)
+  };
+
+  std::string path, tmp_path;
+  int height = 0, width = 0;
+  std::unique_ptr<h5::File> file;
+  Split train, val;
+  bool committed = false;
+
+  Split& split(const std::string& name) {
+    if (name == "train") return train;
+    if (name == "val") return val;
+    fail("dataset writer for '", path, "': unknown split '", name, "', expected train or val");
+  }
+
+  void create_split(Split& s, const std::string& name, int64_t count, int gzip_level) {
+    s.name = name;
+    s.count = count;
+    if (count == 0) return;  // a split without samples is not created
+    const int64_t h = height, w = width;
+    s.images = h5::Dataset::create(*file, images_path(name), h5::Type::kUint8,
+                                   {count, h, w, kChannels}, {1, h, w, kChannels}, gzip_level);
+    s.masks = h5::Dataset::create(*file, masks_path(name), h5::Type::kUint8, {count, h, w},
+                                  {1, h, w}, gzip_level);
+    s.written.assign(static_cast<size_t>(count), 0);
+    s.crack_pixels.assign(static_cast<size_t>(count), 0);
+  }
+
+  // Closes every HDF5 object of the file (datasets first, so the file really closes).
+  void close() noexcept {
+    for (Split* s : {&train, &val}) {
+      s->images.reset();
+      s->masks.reset();
+    }
+    file.reset();
+  }
+};
+
+DatasetWriter::DatasetWriter(const std::string& path, int height, int width, int64_t train_count,
+                             int64_t val_count, int gzip_level)
+    : impl_(std::make_unique<Impl>()) {
+  DP_CHECK(height > 0 && width > 0, "dataset writer for '", path, "': bad image size ", height, "x",
+           width);
+  DP_CHECK(train_count >= 0 && val_count >= 0, "dataset writer for '", path,
+           "': bad sample counts train ", train_count, ", val ", val_count);
+  DP_CHECK(gzip_level >= 0 && gzip_level <= kMaxGzip, "dataset writer for '", path,
+           "': gzip level ", gzip_level, " out of range [0, ", kMaxGzip, "]");
+  const std::string dir = parent_dir(path);
+  struct stat st {};
+  DP_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "cannot write dataset '", path,
+           "': directory '", dir, "' does not exist");
+  impl_->path = path;
+  impl_->tmp_path = temp_path_for(path);
+  impl_->height = height;
+  impl_->width = width;
+  try {
+    impl_->file = std::make_unique<h5::File>(impl_->tmp_path, h5::Mode::kTruncate);
+    impl_->create_split(impl_->train, "train", train_count, gzip_level);
+    impl_->create_split(impl_->val, "val", val_count, gzip_level);
+  } catch (...) {
+    impl_->close();
+    std::remove(impl_->tmp_path.c_str());
+    throw;
+  }
+}
+
+DatasetWriter::~DatasetWriter() {
+  if (!impl_ || impl_->committed) return;
+  impl_->close();
+  std::remove(impl_->tmp_path.c_str());
+}
+
+void DatasetWriter::write(const std::string& split, int64_t index, const uint8_t* image,
+                          const uint8_t* mask) {
+  DP_CHECK(!impl_->committed && impl_->file, "dataset writer for '", impl_->path,
+           "': write after commit");
+  Impl::Split& s = impl_->split(split);
+  DP_CHECK(index >= 0 && index < s.count, "dataset writer for '", impl_->path, "': sample index ",
+           index, " out of range [0, ", s.count, ") for split '", split, "'");
+  const int64_t pixels = static_cast<int64_t>(impl_->height) * impl_->width;
+  check_mask(mask, pixels, s.masks->name(), index);
+  s.images->write_rows(index, 1, image);
+  s.masks->write_rows(index, 1, mask);
+  int64_t crack = 0;
+  for (int64_t i = 0; i < pixels; ++i) crack += mask[i];
+  s.crack_pixels[static_cast<size_t>(index)] = crack;
+  s.written[static_cast<size_t>(index)] = 1;
+}
+
+void DatasetWriter::set_attr(const std::string& name, const std::string& value) {
+  DP_CHECK(!impl_->committed && impl_->file, "dataset writer for '", impl_->path,
+           "': set_attr after commit");
+  impl_->file->set_attr(name, value);
+}
+
+void DatasetWriter::set_attr(const std::string& name, int64_t value) {
+  DP_CHECK(!impl_->committed && impl_->file, "dataset writer for '", impl_->path,
+           "': set_attr after commit");
+  impl_->file->set_attr(name, value);
+}
+
+void DatasetWriter::commit() {
+  Impl& im = *impl_;
+  DP_CHECK(!im.committed && im.file, "dataset writer for '", im.path, "': commit called twice");
+  for (Impl::Split* s : {&im.train, &im.val}) {
+    for (size_t i = 0; i < s->written.size(); ++i) {
+      DP_CHECK(s->written[i], "dataset writer for '", im.path, "': sample ", i, " of split '",
+               s->name, "' was never written");
+    }
+  }
+  int64_t crack = 0;
+  for (int64_t c : im.train.crack_pixels) crack += c;
+  const int64_t total = im.train.count * im.height * im.width;
+  const double pos_weight =
+      crack > 0 ? static_cast<double>(total - crack) / static_cast<double>(crack) : 1.0;
+
+  im.file->set_attr(kFormatAttr, std::string(kDatasetFormat));
+  im.file->set_attr(kPosWeightAttr, pos_weight);
+  im.file->flush();
+  im.close();
+  commit_file(im.tmp_path, im.path);  // fsync, rename, fsync the directory
+  im.committed = true;
+}
+
+}  // namespace dp::data
