@@ -1,0 +1,151 @@
+// Training equivalences under mpiexec -n 2: np=2 x batch b == np=1 x batch 2b (also with an
+// uneven last batch), world-size-independent metrics, and resume == uninterrupted training.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+
+#include "dp/checkpoint.hpp"
+#include "dp/mpi_comm.hpp"
+#include "test_util.hpp"
+#include "train/trainer.hpp"
+
+namespace dp {
+namespace {
+
+// A directory all ranks share: created by rank 0, its path broadcast, removed by rank 0.
+class SharedDir {
+ public:
+  SharedDir() {
+    Comm& c = test::world();
+    char buf[512] = {};
+    if (c.rank() == 0) {
+      dir_ = std::make_unique<test::TempDir>();
+      std::strncpy(buf, dir_->path().c_str(), sizeof buf - 1);
+    }
+    c.broadcast(buf, sizeof buf, 0);
+    path_ = buf;
+  }
+  ~SharedDir() { test::world().barrier(); }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::unique_ptr<test::TempDir> dir_;
+  std::string path_;
+};
+
+app::TrainOptions options(const std::string& data, const std::string& model_dir, int batch) {
+  app::TrainOptions o;
+  o.data = data;
+  o.model_dir = model_dir;
+  o.batch_size = batch;
+  o.width_divisor = 16;
+  o.lr = 0.05;
+  o.seed = 5;
+  o.epochs = 1;
+  return o;
+}
+
+Logger quiet() {
+  return Logger(1, false);
+}  // rank 1's logger prints nothing
+
+void write_dataset_on_root(const std::string& path, int64_t train, int64_t val) {
+  if (test::world().rank() == 0) test::write_tiny_dataset(path, train, val, 32);
+  test::world().barrier();
+}
+
+// Runs one epoch (optionally capped) on the MPI world and, on rank 0, the same epoch on one
+// rank with twice the batch; compares the weights and the validation metrics.
+void expect_np2_equals_np1(const std::string& data, int64_t max_steps, const SharedDir& dir) {
+  ASSERT_EQ(test::world().size(), 2) << "run this test with mpiexec -n 2";
+  auto o2 = options(data, dir.file("np2"), 2);
+  o2.max_steps = max_steps;
+  app::Trainer t2(o2, test::world(), quiet());
+  const app::EpochMetrics train2 = t2.train_epoch(0);
+  const app::EpochMetrics valid2 = t2.validate();
+  if (test::world().rank() != 0) return;
+
+  SelfComm self;
+  auto o1 = options(data, dir.file("np1"), 4);
+  o1.max_steps = max_steps;
+  app::Trainer t1(o1, self, quiet());
+  const app::EpochMetrics train1 = t1.train_epoch(0);
+  const app::EpochMetrics valid1 = t1.validate();
+
+  const ParamStore& p1 = t1.model().params();
+  const ParamStore& p2 = t2.model().params();
+  const test::Diff d = test::compare(p2.values(), p1.values(), p1.arena_size(), 1e-2);
+  std::printf("[np2 vs np1] max abs weight diff %.3e, max rel %.3e; train loss %.8f vs %.8f\n",
+              d.max_abs, d.max_rel, train2.loss, train1.loss);
+  EXPECT_LT(d.max_rel, 1e-4);
+  EXPECT_EQ(train2.samples, train1.samples);
+  EXPECT_NEAR(train2.loss, train1.loss, 1e-5 * train1.loss);
+  // Validation metrics come from sums reduced over ranks: independent of the world size.
+  EXPECT_EQ(valid2.samples, valid1.samples);
+  EXPECT_NEAR(valid2.loss, valid1.loss, 1e-5 * valid1.loss);
+  EXPECT_NEAR(valid2.iou, valid1.iou, 1e-6);
+}
+
+TEST(TrainMpi, TwoRanksEqualOneRankWithDoubleBatchAfterThreeSteps) {
+  SharedDir dir;
+  write_dataset_on_root(dir.file("data.h5"), 24, 7);
+  expect_np2_equals_np1(dir.file("data.h5"), 3, dir);
+}
+
+TEST(TrainMpi, UnevenLastBatchIsAveragedExactly) {
+  // 10 samples: np=2 x b=2 gives batches 2,2,1 per rank; np=1 x b=4 gives 4,4,2.
+  SharedDir dir;
+  write_dataset_on_root(dir.file("data.h5"), 10, 5);
+  expect_np2_equals_np1(dir.file("data.h5"), -1, dir);
+}
+
+TEST(TrainMpi, ResumeEqualsUninterrupted) {
+  SharedDir dir;
+  write_dataset_on_root(dir.file("data.h5"), 12, 4);
+  auto straight = options(dir.file("data.h5"), dir.file("straight"), 2);
+  straight.epochs = 2;
+  app::Trainer(straight, test::world(), quiet()).run();
+
+  auto first = options(dir.file("data.h5"), dir.file("resumed"), 2);
+  first.epochs = 1;
+  app::Trainer(first, test::world(), quiet()).run();
+  auto second = first;
+  second.epochs = 2;
+  app::Trainer resumed(second, test::world(), quiet());
+  EXPECT_EQ(resumed.start_epoch(), 1);
+  resumed.run();
+
+  if (test::world().rank() == 0) {
+    auto be = make_cpu_backend();
+    ModelConfig mc;
+    mc.width_divisor = 16;
+    auto a = make_model(mc, *be), b = make_model(mc, *be);
+    std::vector<float> ma(size_t(a->params().arena_size())), mb(ma.size());
+    const CheckpointMeta meta_a =
+        load_checkpoint(dir.file("straight/model_epoch_2.h5"), a->params(), ma.data());
+    const CheckpointMeta meta_b =
+        load_checkpoint(dir.file("resumed/model_epoch_2.h5"), b->params(), mb.data());
+    const test::Diff dw =
+        test::compare(b->params().values(), a->params().values(), a->params().arena_size());
+    const test::Diff dm = test::compare(mb.data(), ma.data(), int64_t(ma.size()));
+    std::printf("[resume] max abs diff: weights %.3e, momentum %.3e\n", dw.max_abs, dm.max_abs);
+    EXPECT_LT(dw.max_abs, 1e-6);
+    EXPECT_LT(dm.max_abs, 1e-6);
+    EXPECT_EQ(meta_a.step, meta_b.step);
+    EXPECT_EQ(meta_a.valid_loss, meta_b.valid_loss);
+    EXPECT_EQ(meta_b.epoch, 2);
+  }
+
+  // Asking for no more epochs than done trains nothing.
+  app::Trainer done(second, test::world(), quiet());
+  EXPECT_EQ(done.start_epoch(), 2);
+  EXPECT_EQ(done.run(), 0);
+}
+
+}  // namespace
+}  // namespace dp
+
+int main(int argc, char** argv) {
+  return dp::test::mpi_test_main(argc, argv);
+}

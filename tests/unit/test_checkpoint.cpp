@@ -1,0 +1,156 @@
+// Checkpoint v1: exact round trip, atomic write, corruption and mismatch detection, listing.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "dp/checkpoint.hpp"
+#include "dp/error.hpp"
+#include "dp/model.hpp"
+#include "dp/optim.hpp"
+#include "test_util.hpp"
+
+namespace dp {
+namespace {
+
+struct Fixture {
+  std::unique_ptr<Backend> be = make_cpu_backend();
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Sgd> sgd;
+  explicit Fixture(int divisor = 8, uint64_t seed = 1) {
+    ModelConfig c;
+    c.width_divisor = divisor;
+    model = make_model(c, *be);
+    model->params().init_pytorch_default(seed);
+    sgd = std::make_unique<Sgd>(model->params(), *be, SgdOptions{});
+    for (int64_t i = 0; i < model->params().arena_size(); ++i)
+      sgd->momentum()[i] = 0.001f * float(i % 977);
+  }
+};
+
+CheckpointMeta sample_meta() {
+  CheckpointMeta m;
+  m.epoch = 3;
+  m.step = 120;
+  m.model = "unet16";
+  m.width_divisor = 8;
+  m.height = m.width = 64;
+  m.world_size = 2;
+  m.global_batch = 8;
+  m.seed = 42;
+  m.lr = 0.05;
+  m.best_valid_loss = 0.25;
+  m.best_epoch = 2;
+  m.options = "lr = 0.05\n";
+  m.train_loss = {0.5, 0.4, 0.3};
+  m.valid_loss = {0.45, 0.25, 0.26};
+  m.valid_iou = {0.1, 0.2, 0.3};
+  m.epoch_seconds = {1, 2, 3};
+  return m;
+}
+
+TEST(Checkpoint, RoundTripIsExact) {
+  test::TempDir dir;
+  Fixture a, b(8, 2);
+  const std::string path = dir.file("model_epoch_3.h5");
+  save_checkpoint(path, a.model->params(), a.sgd->momentum(), sample_meta());
+  // Nothing but the checkpoint is left in the directory (the temporary was renamed).
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir.path()),
+                          std::filesystem::directory_iterator()),
+            1);
+  const CheckpointMeta m = load_checkpoint(path, b.model->params(), b.sgd->momentum());
+  const size_t bytes = size_t(a.model->params().arena_size()) * sizeof(float);
+  EXPECT_EQ(0, std::memcmp(a.model->params().values(), b.model->params().values(), bytes));
+  EXPECT_EQ(0, std::memcmp(a.sgd->momentum(), b.sgd->momentum(), bytes));
+  const CheckpointMeta e = sample_meta();
+  EXPECT_EQ(m.epoch, e.epoch);
+  EXPECT_EQ(m.step, e.step);
+  EXPECT_EQ(m.model, e.model);
+  EXPECT_EQ(m.width_divisor, e.width_divisor);
+  EXPECT_EQ(m.best_epoch, e.best_epoch);
+  EXPECT_DOUBLE_EQ(m.best_valid_loss, e.best_valid_loss);
+  EXPECT_EQ(m.options, e.options);
+  EXPECT_EQ(m.valid_iou, e.valid_iou);
+  EXPECT_EQ(m.epoch_seconds, e.epoch_seconds);
+}
+
+TEST(Checkpoint, DetectsCorruption) {
+  test::TempDir dir;
+  Fixture a, b;
+  const std::string path = dir.file("model_epoch_1.h5");
+  save_checkpoint(path, a.model->params(), a.sgd->momentum(), sample_meta());
+  // Flip one byte inside the stored conv1.0.weight (found by its raw float bytes).
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const ParamView* w = a.model->params().find("conv1.0.weight");
+  const std::string needle(reinterpret_cast<const char*>(w->value), 32);
+  const size_t at = bytes.find(needle);
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 5] = char(bytes[at + 5] ^ 0x40);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  try {
+    load_checkpoint(path, b.model->params(), b.sgd->momentum());
+    FAIL() << "corruption not detected";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpoint, TruncatedAndForeignFilesAreClearErrors) {
+  test::TempDir dir;
+  Fixture a;
+  const std::string path = dir.file("model_epoch_1.h5");
+  save_checkpoint(path, a.model->params(), a.sgd->momentum(), sample_meta());
+  std::filesystem::resize_file(path, std::filesystem::file_size(path) / 2);
+  EXPECT_THROW(load_checkpoint(path, a.model->params(), a.sgd->momentum()), Error);
+  const std::string text = dir.file("notes.h5");
+  std::ofstream(text) << "not hdf5";
+  try {
+    read_checkpoint_meta(text);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(read_checkpoint_meta(dir.file("missing.h5")), Error);
+}
+
+TEST(Checkpoint, RejectsAnotherModelShape) {
+  test::TempDir dir;
+  Fixture a(8), wide(4);
+  const std::string path = dir.file("model_epoch_1.h5");
+  save_checkpoint(path, a.model->params(), a.sgd->momentum(), sample_meta());
+  try {
+    load_checkpoint(path, wide.model->params(), wide.sgd->momentum());
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("different shape"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Checkpoint, WeightsOnlyFileCannotResumeTraining) {
+  test::TempDir dir;
+  Fixture a;
+  const std::string path = dir.file("weights.h5");
+  save_checkpoint(path, a.model->params(), nullptr, sample_meta());
+  EXPECT_NO_THROW(load_checkpoint(path, a.model->params(), nullptr));
+  EXPECT_THROW(load_checkpoint(path, a.model->params(), a.sgd->momentum()), Error);
+}
+
+TEST(Checkpoint, ListsEpochFilesNewestFirst) {
+  test::TempDir dir;
+  for (const char* name : {"model_epoch_2.h5", "model_epoch_10.h5", "model_epoch_1.h5",
+                           "model_best.h5", "model_epoch_3.h5.tmp.123", "other.txt"})
+    std::ofstream(dir.file(name)) << "x";
+  const auto found = list_epoch_checkpoints(dir.path());
+  ASSERT_EQ(found.size(), 3u);
+  EXPECT_EQ(found[0].first, 10);
+  EXPECT_EQ(found[1].first, 2);
+  EXPECT_EQ(found[2].first, 1);
+  EXPECT_TRUE(list_epoch_checkpoints(dir.file("absent")).empty());
+}
+
+}  // namespace
+}  // namespace dp

@@ -1,0 +1,111 @@
+// dptrain and dpprep as a user runs them (under mpiexec): bad input gives one clear error line and
+// a non-zero exit; a run checkpoints, resumes, skips a corrupt checkpoint and says when it is done.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "test_util.hpp"
+
+namespace dp {
+namespace {
+
+std::string dptrain(int np, const std::string& args) {
+  return std::string(DP_MPIEXEC) + " -n " + std::to_string(np) + " " + DP_DPTRAIN + " " + args;
+}
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    data_ = dir_.file("tiny.h5");
+    test::write_tiny_dataset(data_, 8, 4, 32);
+  }
+  std::string common() const {
+    return "--data " + data_ + " --width-divisor 16 --batch-size 2 --model-dir " + dir_.file("run");
+  }
+  test::TempDir dir_;
+  std::string data_;
+};
+
+TEST_F(Cli, BadOptionValueIsOneLineAndExit2) {
+  const auto r = test::run_command(dptrain(2, common() + " --lr -1"));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_EQ(count(r.output, "dptrain: error: --lr must be positive"), 1) << r.output;
+  const auto u = test::run_command(dptrain(1, "--no-such-option"));
+  EXPECT_EQ(u.status, 2) << u.output;
+  EXPECT_EQ(count(u.output, "dptrain: error:"), 1) << u.output;
+  const auto m = test::run_command(dptrain(1, common() + " --model unet99"));
+  EXPECT_EQ(m.status, 2) << m.output;
+  EXPECT_NE(m.output.find("unknown --model 'unet99' (known: unet16)"), std::string::npos)
+      << m.output;
+}
+
+TEST_F(Cli, MissingDataFileNamesThePath) {
+  const auto r = test::run_command(
+      dptrain(2, "--data " + dir_.file("absent.h5") + " --model-dir " + dir_.file("run")));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, "dptrain: error:"), 1) << r.output;
+  EXPECT_NE(r.output.find(dir_.file("absent.h5")), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, ImageSizeNotMultipleOf32IsRejected) {
+  const std::string odd = dir_.file("odd.h5");
+  const auto prep = test::run_command(std::string(DP_DPPREP) + " synth --out " + odd +
+                                      " --train 4 --val 2 --size 48x48");
+  ASSERT_EQ(prep.status, 0) << prep.output;
+  const auto r =
+      test::run_command(dptrain(2, "--data " + odd + " --model-dir " + dir_.file("run")));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_EQ(count(r.output, "dptrain: error:"), 1) << r.output;
+  EXPECT_NE(r.output.find("multiples of 32"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(odd), std::string::npos) << r.output;
+}
+
+TEST_F(Cli, UnwritableModelDirAndCudaWithoutBackend) {
+  std::ofstream(dir_.file("plainfile")) << "x";
+  const auto r = test::run_command(
+      dptrain(2, "--data " + data_ + " --model-dir " + dir_.file("plainfile") + "/sub"));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, "dptrain: error:"), 1) << r.output;
+  EXPECT_NE(r.output.find("plainfile"), std::string::npos) << r.output;
+  const auto c = test::run_command(dptrain(1, common() + " --device cuda"));
+  EXPECT_EQ(c.status, 2) << c.output;
+  EXPECT_NE(c.output.find("--device cuda"), std::string::npos) << c.output;
+}
+
+TEST_F(Cli, TrainsCheckpointsResumesAndFinishes) {
+  auto r = test::run_command(dptrain(2, common() + " --epochs 1"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir_.file("run/model_epoch_1.h5")));
+  EXPECT_TRUE(std::filesystem::exists(dir_.file("run/model_best.h5")));
+  EXPECT_NE(r.output.find("epoch 1/1"), std::string::npos) << r.output;
+
+  r = test::run_command(dptrain(2, common() + " --epochs 3"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from epoch 1"), std::string::npos) << r.output;
+  EXPECT_EQ(count(r.output, "epoch 2/3"), 1) << r.output;
+  EXPECT_EQ(count(r.output, "epoch 4/"), 0) << r.output;  // no extra epoch past --epochs
+
+  r = test::run_command(dptrain(2, common() + " --epochs 3"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("run already complete"), std::string::npos) << r.output;
+
+  // A torn newest checkpoint is reported and the previous one is used.
+  std::filesystem::resize_file(dir_.file("run/model_epoch_3.h5"), 1000);
+  r = test::run_command(dptrain(2, common() + " --epochs 3"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("skipping unreadable checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resumed from epoch 2"), std::string::npos) << r.output;
+  // No temporary file is left behind.
+  for (const auto& e : std::filesystem::directory_iterator(dir_.file("run")))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+}
+
+}  // namespace
+}  // namespace dp

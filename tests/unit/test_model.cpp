@@ -1,0 +1,193 @@
+// UNet16: structure (names, shapes, parameter count), input checks, and whole-model gradients.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "dp/error.hpp"
+#include "dp/model.hpp"
+#include "dp/rng.hpp"
+
+namespace dp {
+namespace {
+
+std::unique_ptr<Model> unet16(Backend& be, int divisor) {
+  ModelConfig c;
+  c.name = "unet16";
+  c.width_divisor = divisor;
+  return make_model(c, be);
+}
+
+TEST(UNet16, ParameterNamesAndShapesFollowTheReference) {
+  auto be = make_cpu_backend();
+  auto m = unet16(*be, 1);
+  const ParamStore& ps = m->params();
+  // 13 VGG convs + 2 in each of center, dec5..dec2 + dec1 + final = 25 convs, weight and bias.
+  EXPECT_EQ(ps.views().size(), 50u);
+  // The reference UNet16 (num_filters=32) has 29,306,465 parameters.
+  EXPECT_EQ(ps.count(), 29306465);
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> expected = {
+      {"conv1.0.weight", {64, 3, 3, 3}},
+      {"conv1.2.weight", {64, 64, 3, 3}},
+      {"conv3.4.bias", {256}},
+      {"conv5.4.weight", {512, 512, 3, 3}},
+      {"center.block.1.conv.weight", {512, 512, 3, 3}},
+      {"center.block.2.conv.weight", {256, 512, 3, 3}},
+      {"dec5.block.1.conv.weight", {512, 768, 3, 3}},
+      {"dec3.block.1.conv.weight", {256, 512, 3, 3}},
+      {"dec3.block.2.conv.weight", {64, 256, 3, 3}},
+      {"dec2.block.1.conv.weight", {128, 192, 3, 3}},
+      {"dec2.block.2.conv.weight", {32, 128, 3, 3}},
+      {"dec1.conv.weight", {32, 96, 3, 3}},
+      {"final.weight", {1, 32, 1, 1}},
+      {"final.bias", {1}}};
+  for (const auto& [name, shape] : expected) {
+    const ParamView* v = ps.find(name);
+    ASSERT_NE(v, nullptr) << name;
+    EXPECT_EQ(v->shape, shape) << name;
+  }
+  // Arena in reverse order: the final layer's gradients come first (they are ready first), each
+  // tensor 64-byte aligned.
+  EXPECT_EQ(ps.find("final.bias")->offset, 0);
+  EXPECT_EQ(ps.find("final.weight")->offset, 16);
+  EXPECT_EQ(ps.find("conv1.0.weight")->offset + 64 * 27, ps.arena_size());
+}
+
+TEST(UNet16, OutputShapeAndWidthDivisor) {
+  auto be = make_cpu_backend();
+  auto m = unet16(*be, 8);
+  EXPECT_EQ(m->params().find("conv1.0.weight")->shape, (std::vector<int64_t>{8, 3, 3, 3}));
+  EXPECT_EQ(m->params().find("dec1.conv.weight")->shape, (std::vector<int64_t>{4, 12, 3, 3}));
+  m->setup(3, 64, 96);
+  m->params().init_pytorch_default(1);
+  std::vector<float> x(size_t(3 * 64 * 96 * 3));
+  Rng rng(5);
+  for (auto& v : x) v = rng.uniform(-1, 1);
+  const float* y = m->forward(x.data(), 3);
+  // Output [3, 64, 96, 1], finite and not constant.
+  double lo = 1e30, hi = -1e30;
+  for (int64_t i = 0; i < 3 * 64 * 96; ++i) {
+    ASSERT_TRUE(std::isfinite(y[i]));
+    lo = std::min(lo, double(y[i]));
+    hi = std::max(hi, double(y[i]));
+  }
+  EXPECT_LT(lo, hi);
+  // A smaller batch after setup works too (the last batch of an epoch).
+  m->forward(x.data(), 1);
+}
+
+TEST(UNet16, RejectsBadSizesAndNames) {
+  auto be = make_cpu_backend();
+  auto m = unet16(*be, 8);
+  try {
+    m->setup(2, 50, 64);
+    FAIL() << "50x64 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("multiples of 32"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(m->setup(0, 64, 64), Error);
+  ModelConfig c;
+  c.name = "unet17";
+  EXPECT_THROW(make_model(c, *be), Error);
+  c.name = "unet16";
+  c.width_divisor = 3;
+  EXPECT_THROW(make_model(c, *be), Error);
+}
+
+TEST(UNet16, InitialisationIsPyTorchDefaultAndSeeded) {
+  auto be = make_cpu_backend();
+  auto a = unet16(*be, 4), b = unet16(*be, 4);
+  a->params().init_pytorch_default(3);
+  b->params().init_pytorch_default(3);
+  const ParamStore& ps = a->params();
+  EXPECT_EQ(0, std::memcmp(ps.values(), b->params().values(), size_t(ps.arena_size()) * 4));
+  for (const ParamView& v : ps.views()) {
+    const double bound = 1.0 / std::sqrt(double(v.fan_in));
+    double mx = 0, sum = 0;
+    for (int64_t i = 0; i < v.numel; ++i) {
+      mx = std::max(mx, std::fabs(double(v.value[i])));
+      sum += v.value[i];
+    }
+    EXPECT_LE(mx, bound) << v.name;
+    if (v.numel > 1000) {
+      EXPECT_GT(mx, 0.9 * bound) << v.name;  // spans the range
+    }
+  }
+}
+
+// The whole graph's backward (skip connections, pooling, upsampling) through an exact identity.
+// Every op is positively homogeneous (conv is linear, ReLU / max-pool / upsample / concat commute
+// with scaling by a > 0), so with L = sum(r * logits) for a fixed r, scaling the first layer's
+// weights and every bias by a scales L by a. Euler's theorem then says
+//   sum(W1 * dL/dW1) + sum over all biases (b * dL/db) = L
+// exactly, whatever the ReLU and max-pool patterns: no finite differences, no kinks. Each bias
+// gradient is the sum of its layer's pre-activation gradient, so every layer's incoming gradient
+// takes part (a lost skip gradient or a missing accumulation breaks the identity).
+TEST(UNet16, WholeModelGradientSatisfiesEulerIdentity) {
+  auto be = make_cpu_backend();
+  for (int divisor : {16, 8}) {
+    auto m = unet16(*be, divisor);
+    const int n = 2, h = 64, w = 32;
+    m->setup(n, h, w);
+    m->params().init_pytorch_default(11);
+    std::vector<float> x(size_t(n * h * w * 3)), r(size_t(n * h * w));
+    Rng rng(6);
+    for (auto& v : x) v = rng.uniform(-2, 2);
+    for (auto& v : r) v = rng.uniform(-1, 1);
+    const float* y = m->forward(x.data(), n);
+    double loss = 0, magnitude = 0;
+    for (size_t i = 0; i < r.size(); ++i) {
+      loss += double(r[i]) * y[i];
+      magnitude += std::fabs(double(r[i]) * y[i]);
+    }
+    m->backward(r.data());
+    double euler = 0;
+    for (const ParamView& v : m->params().views()) {
+      if (v.name != "conv1.0.weight" && v.shape.size() != 1) continue;
+      for (int64_t i = 0; i < v.numel; ++i) euler += double(v.value[i]) * double(v.grad[i]);
+    }
+    const double rel = std::fabs(euler - loss) / magnitude;
+    std::printf("[euler] unet16/%d: L = %.6f, sum(p * dL/dp) = %.6f, error %.2e of sum|r*y|\n",
+                divisor, loss, euler, rel);
+    EXPECT_LT(rel, 1e-5);
+  }
+}
+
+// A second, independent check on the layers nearest the loss: central differences of the final
+// 1x1 convolution (no ReLU after it, so L is exactly linear in its parameters).
+TEST(UNet16, FinalLayerGradientMatchesFiniteDifferences) {
+  auto be = make_cpu_backend();
+  auto m = unet16(*be, 16);
+  const int n = 2, h = 32, w = 32;
+  m->setup(n, h, w);
+  m->params().init_pytorch_default(12);
+  std::vector<float> x(size_t(n * h * w * 3)), r(size_t(n * h * w));
+  Rng rng(7);
+  for (auto& v : x) v = rng.uniform(-2, 2);
+  for (auto& v : r) v = rng.uniform(-1, 1);
+  auto loss = [&] {
+    const float* y = m->forward(x.data(), n);
+    double s = 0;
+    for (size_t i = 0; i < r.size(); ++i) s += double(r[i]) * y[i];
+    return s;
+  };
+  loss();
+  m->backward(r.data());
+  for (const char* name : {"final.weight", "final.bias"}) {
+    const ParamView* v = m->params().find(name);
+    for (int64_t i = 0; i < v->numel; ++i) {
+      const float saved = v->value[i], eps = 0.05f;
+      v->value[i] = saved + eps;
+      const double up = loss();
+      v->value[i] = saved - eps;
+      const double down = loss();
+      v->value[i] = saved;
+      const double numeric = (up - down) / (2 * eps);
+      EXPECT_NEAR(v->grad[i], numeric, 1e-4 * std::max(1.0, std::fabs(numeric))) << name << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace dp

@@ -1,0 +1,90 @@
+// Test helpers: temporary directories, tensor comparison, tiny synthetic datasets, subprocesses.
+#include "test_util.hpp"
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "dp/error.hpp"
+#include "dp/mpi_comm.hpp"
+#include "dp/synth.hpp"
+
+namespace dp::test {
+namespace {
+mpi::MpiComm* g_world = nullptr;
+}
+
+mpi::MpiComm& world() {
+  DP_CHECK(g_world != nullptr, "world() outside mpi_test_main");
+  return *g_world;
+}
+
+int mpi_test_main(int argc, char** argv) {
+  mpi::Env env(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  int failed = 0;
+  {
+    mpi::MpiComm comm;
+    g_world = &comm;
+    failed = RUN_ALL_TESTS() != 0 ? 1 : 0;
+    comm.barrier();
+    g_world = nullptr;
+  }
+  int any = 0;
+  MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return any;
+}
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string templ =
+      std::string(base != nullptr && *base != '\0' ? base : "/tmp") + "/dptest.XXXXXX";
+  DP_CHECK(::mkdtemp(templ.data()) != nullptr, "mkdtemp failed for ", templ);
+  path_ = templ;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+Diff compare(const float* a, const float* b, int64_t count, double floor) {
+  Diff d;
+  for (int64_t i = 0; i < count; ++i) {
+    const double abs = std::fabs(double(a[i]) - double(b[i]));
+    d.max_abs = std::max(d.max_abs, abs);
+    d.max_rel = std::max(d.max_rel, abs / std::max(std::fabs(double(b[i])), floor));
+  }
+  return d;
+}
+
+void write_tiny_dataset(const std::string& path, int64_t train_count, int64_t val_count, int size,
+                        uint64_t seed) {
+  data::SynthOptions o;
+  o.train_count = train_count;
+  o.val_count = val_count;
+  o.height = o.width = size;
+  o.seed = seed;
+  data::write_synthetic(path, o);
+}
+
+CommandResult run_command(const std::string& command) {
+  CommandResult r;
+  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  DP_CHECK(pipe != nullptr, "popen failed for ", command);
+  std::array<char, 4096> buf{};
+  size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), pipe)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(pipe);
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+}  // namespace dp::test

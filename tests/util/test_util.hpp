@@ -1,0 +1,51 @@
+// Helpers shared by dptrain's tests: temporary directories, tensor comparison, tiny datasets.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dp::mpi {
+class MpiComm;
+}
+
+namespace dp::test {
+
+// main() of the MPI test binaries: initialises MPI, runs every test on every rank, and returns
+// non-zero on every rank if any rank failed. world() is the communicator inside those tests.
+int mpi_test_main(int argc, char** argv);
+mpi::MpiComm& world();
+
+// A fresh directory under $TMPDIR (or /tmp), removed with its contents on destruction.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  std::string path_;
+};
+
+// max |a-b| / max(|b|, floor) over the elements, and max |a-b|.
+struct Diff {
+  double max_abs = 0;
+  double max_rel = 0;
+};
+Diff compare(const float* a, const float* b, int64_t count, double floor = 1e-6);
+
+// Writes a small synthetic dataset v1 (train_count + val_count images of size x size).
+void write_tiny_dataset(const std::string& path, int64_t train_count, int64_t val_count, int size,
+                        uint64_t seed = 7);
+
+// Runs a shell command and returns its exit status and combined stdout+stderr.
+struct CommandResult {
+  int status = -1;
+  std::string output;
+};
+CommandResult run_command(const std::string& command);
+
+}  // namespace dp::test
