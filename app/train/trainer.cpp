@@ -373,12 +373,13 @@ int Trainer::run() {
     const EpochMetrics valid = validate();
     const double seconds = seconds_since(t0);
     save_epoch(train, valid, seconds, lr);
-    log_.info("epoch ", epoch + 1, "/", opt_.epochs, "  lr ", lr, "  train_loss ", train.loss,
-              "  valid_loss ", valid.loss, "  valid_iou ", valid.iou, "  ", seconds, " s (",
-              double(train.samples) / train_seconds, " img/s train)",
+    log_.info("epoch ", epoch + 1, "/", opt_.epochs, "  lr ", lr, "  train_loss ",
+              fixed(train.loss, 4), "  valid_loss ", fixed(valid.loss, 4), "  valid_iou ",
+              fixed(valid.iou, 4), "  ", fixed(seconds, 1), " s  ",
+              fixed(double(train.samples) / train_seconds, 1), " img/s",
               state_.best_epoch == state_.epoch ? "  *best" : "");
   }
-  log_.info("done: best epoch ", state_.best_epoch, " (loss ", state_.best_valid_loss, "), ",
+  log_.info("done: best epoch ", state_.best_epoch, " (loss ", fixed(state_.best_valid_loss, 4), "), ",
             opt_.model_dir, "/", kBestCheckpointName);
   return 0;
 }

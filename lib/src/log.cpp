@@ -17,4 +17,10 @@ std::string format_mib(double bytes) {
   return buf;
 }
 
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
 }  // namespace dp

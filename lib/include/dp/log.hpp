@@ -31,5 +31,7 @@ class Logger {
 
 // "12.3 MiB"
 std::string format_mib(double bytes);
+// v with `digits` digits after the point ("0.1235").
+std::string fixed(double v, int digits);
 
 }  // namespace dp
