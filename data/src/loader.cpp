@@ -8,10 +8,10 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
-#include <new>
 #include <thread>
 #include <utility>
 
+#include "dp/buffer.hpp"
 #include "dp/dataset.hpp"
 #include "dp/error.hpp"
 #include "dp/rng.hpp"
@@ -20,29 +20,15 @@ namespace dp::data {
 
 namespace {
 
-constexpr size_t kAlignment = 64;  // bytes: a cache line, and what vector loads like
 constexpr int kChannels = 3;
 constexpr int kLevels = 256;  // uint8 values
 constexpr float kFlipProbability = 0.5f;
-
-struct FreeDeleter {
-  void operator()(float* p) const noexcept { std::free(p); }
-};
-using AlignedFloats = std::unique_ptr<float[], FreeDeleter>;
-
-AlignedFloats alloc_aligned(size_t count) {
-  size_t bytes = std::max<size_t>(count, 1) * sizeof(float);
-  bytes = (bytes + kAlignment - 1) / kAlignment * kAlignment;  // aligned_alloc needs a multiple
-  void* p = std::aligned_alloc(kAlignment, bytes);
-  if (!p) throw std::bad_alloc();
-  return AlignedFloats(static_cast<float*>(p));
-}
 
 }  // namespace
 
 struct Loader::Impl {
   struct Slot {
-    AlignedFloats images, masks;
+    Buffer images, masks;  // 64-byte aligned, allocated once
     std::vector<int64_t> indices;
     Batch batch;
   };
@@ -87,8 +73,8 @@ struct Loader::Impl {
     const auto bs = static_cast<size_t>(opt.batch_size);
     slots.resize(static_cast<size_t>(opt.prefetch) + 1);
     for (Slot& s : slots) {
-      s.images = alloc_aligned(bs * image_floats);
-      s.masks = alloc_aligned(bs * mask_floats);
+      s.images = Buffer(bs * image_floats * sizeof(float));
+      s.masks = Buffer(bs * mask_floats * sizeof(float));
       s.indices.assign(bs, 0);
     }
   }
@@ -190,12 +176,12 @@ struct Loader::Impl {
         for (int k = 0; k < n; ++k) {
           if (stopping.load(std::memory_order_relaxed)) return;
           const int64_t index = indices[pos + static_cast<size_t>(k)];
-          fill_sample(index, s.images.get() + static_cast<size_t>(k) * image_floats,
-                      s.masks.get() + static_cast<size_t>(k) * mask_floats);
+          fill_sample(index, s.images.f32() + static_cast<size_t>(k) * image_floats,
+                      s.masks.f32() + static_cast<size_t>(k) * mask_floats);
           s.indices[static_cast<size_t>(k)] = index;
         }
         s.batch = Batch{
-            n, dataset.height(), dataset.width(), s.images.get(), s.masks.get(), s.indices.data()};
+            n, dataset.height(), dataset.width(), s.images.f32(), s.masks.f32(), s.indices.data()};
         {
           std::lock_guard<std::mutex> lock(m);
           ++ready;
