@@ -143,7 +143,7 @@ const float* Model::forward(const float* input, int n) {
   return nodes_[static_cast<size_t>(output_)].v;
 }
 
-void Model::backward(const float* diff_logits) {
+void Model::backward(const float* diff_logits, GradListener* listener) {
   DP_CHECK(batch_ > 0, "Model::backward before forward()");
   const int n = batch_;
   for (Node& x : nodes_) x.grad_ready = false;
@@ -181,6 +181,10 @@ void Model::backward(const float* diff_logits) {
           write_grad(op.in0, scratch_.f32(), [&](float* dst) {
             backend_.conv_backward(d, a.v, w.value, out.v, out.g, dst, w.grad, b.grad);
           });
+        }
+        if (listener != nullptr) {
+          listener->grad_ready(b);  // the bias comes first in the arena
+          listener->grad_ready(w);
         }
         break;
       }

@@ -154,6 +154,24 @@ TEST(UNet16, WholeModelGradientSatisfiesEulerIdentity) {
   }
 }
 
+// The listener hears of every parameter exactly once, in arena order (what bucketing relies on).
+TEST(UNet16, GradListenerReportsEveryParameterInArenaOrder) {
+  struct Recorder : GradListener {
+    std::vector<int64_t> offsets;
+    void grad_ready(const ParamView& p) override { offsets.push_back(p.offset); }
+  } rec;
+  auto be = make_cpu_backend();
+  auto m = unet16(*be, 16);
+  m->setup(1, 32, 32);
+  m->params().init_pytorch_default(1);
+  std::vector<float> x(32 * 32 * 3, 0.5f), g(32 * 32, 1.0f);
+  m->forward(x.data(), 1);
+  m->backward(g.data(), &rec);
+  ASSERT_EQ(rec.offsets.size(), m->params().views().size());
+  for (size_t i = 1; i < rec.offsets.size(); ++i) EXPECT_LT(rec.offsets[i - 1], rec.offsets[i]);
+  EXPECT_EQ(rec.offsets.front(), 0);
+}
+
 // A second, independent check on the layers nearest the loss: central differences of the final
 // 1x1 convolution (no ReLU after it, so L is exactly linear in its parameters).
 TEST(UNet16, FinalLayerGradientMatchesFiniteDifferences) {

@@ -20,6 +20,15 @@ struct ModelConfig {
 // Models known to make_model().
 std::vector<std::string> model_names();
 
+// Told during Model::backward when a parameter's gradient is final (in backward order, which
+// is arena order: the arena is laid out in reverse declaration order). A gradient reducer uses
+// it to start a bucket's all-reduce while the rest of backward runs.
+class GradListener {
+ public:
+  virtual ~GradListener() = default;
+  virtual void grad_ready(const ParamView& param) = 0;
+};
+
 // Layers are explicit forward/backward pairs; the graph runs them in order and in reverse.
 // Parameters live in one ParamStore arena; activations and their gradients are allocated once by
 // setup() for the largest batch, so the step loop allocates nothing.
@@ -44,7 +53,8 @@ class Model {
   // input: [n,H,W,3] (kept by pointer until backward); returns logits [n,H,W,1].
   const float* forward(const float* input, int n);
   // diff_logits: [n,H,W,1] for the batch of the last forward; OVERWRITES params().grads().
-  void backward(const float* diff_logits);
+  // `listener` (optional) hears of each parameter as soon as its gradient is complete.
+  void backward(const float* diff_logits, GradListener* listener = nullptr);
 
  protected:
   // Graph construction, used by the concrete models' constructors.
