@@ -359,8 +359,8 @@ void Trainer::save_epoch(const EpochMetrics& train, const EpochMetrics& valid, d
 int Trainer::run() {
   if (state_.epoch >= opt_.epochs) {
     log_.info("run already complete: ", state_.epoch, " of ", opt_.epochs, " epochs done in ",
-              opt_.model_dir, " (best epoch ", state_.best_epoch, ", loss ", state_.best_valid_loss,
-              "); raise --epochs to train further");
+              opt_.model_dir, " (best epoch ", state_.best_epoch, ", loss ",
+              fixed(state_.best_valid_loss, 4), "); raise --epochs to train further");
     return 0;
   }
   log_.info("training epochs ", state_.epoch + 1, "..", opt_.epochs, "; checkpoints in ",
@@ -379,8 +379,8 @@ int Trainer::run() {
               fixed(double(train.samples) / train_seconds, 1), " img/s",
               state_.best_epoch == state_.epoch ? "  *best" : "");
   }
-  log_.info("done: best epoch ", state_.best_epoch, " (loss ", fixed(state_.best_valid_loss, 4), "), ",
-            opt_.model_dir, "/", kBestCheckpointName);
+  log_.info("done: best epoch ", state_.best_epoch, " (loss ", fixed(state_.best_valid_loss, 4),
+            "), ", opt_.model_dir, "/", kBestCheckpointName);
   return 0;
 }
 
