@@ -1,100 +1,48 @@
-// The CPU backend: oneDNN primitives (convolution, ReLU, resampling), created once per shape and
-// cached, plus plain loops for max-pool, concat, loss, metrics and the optimiser update.
-#include <dnnl.hpp>
-
+// The CPU backend: oneDNN primitives (convolutions in conv.cpp, ReLU, resampling), created once
+// per shape and cached, plus plain loops for max-pool, batch norm, concat, residual add, dropout,
+// loss, metrics and the optimiser update.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include "dp/backend.hpp"
 #include "dp/error.hpp"
+#include "dp/rng.hpp"
+#include "onednn.hpp"
 
 namespace dp {
 namespace {
 
-using dnnl::algorithm;
-using dnnl::memory;
-using dnnl::prop_kind;
-using tag = memory::format_tag;
-using dt = memory::data_type;
-
-memory::desc nhwc_md(const Dims& d) {
-  return memory::desc({d.n, d.c, d.h, d.w}, dt::f32, tag::nhwc);
-}
-
-// A memory object bound to a caller's pointer on each use (no allocation per call).
-struct Bound {
-  memory mem;
-  memory& at(const void* p) {
-    mem.set_data_handle(const_cast<void*>(p));
-    return mem;
-  }
-};
-
-// Weights kept in PyTorch's OIHW layout; a primitive that prefers another layout gets a private
-// copy reordered once per call (the reorder primitive and its buffer are built once).
-struct WeightsIn {
-  Bound user;
-  memory internal;
-  dnnl::reorder to_internal;
-  bool needs_reorder = false;
-
-  void init(const dnnl::engine& eng, const memory::desc& user_md, const memory::desc& want) {
-    user.mem = memory(user_md, eng, DNNL_MEMORY_NONE);
-    needs_reorder = want != user_md;
-    if (needs_reorder) {
-      internal = memory(want, eng);
-      to_internal = dnnl::reorder(user.mem, internal);
-    }
-  }
-  memory& prepare(dnnl::stream& s, const float* p) {
-    memory& u = user.at(p);
-    if (!needs_reorder) return u;
-    to_internal.execute(s, u, internal);
-    return internal;
-  }
-};
-
-struct ConvEntry {
-  dnnl::convolution_forward fwd;
-  dnnl::convolution_backward_data bwd_data;
-  dnnl::convolution_backward_weights bwd_weights;
-  dnnl::eltwise_backward relu_bwd;
-  Bound src, dst, bias, diff_dst, diff_src, diff_bias;
-  WeightsIn w_fwd, w_bwd;
-  Bound diff_w_user;
-  memory diff_w_internal;
-  dnnl::reorder diff_w_to_user;
-  bool diff_w_reorder = false;
-};
+using cpu::algorithm;
+using cpu::Bound;
+using cpu::checked;
+using cpu::dt;
+using cpu::Exec;
+using cpu::memory;
+using cpu::nhwc_md;
+using cpu::prop_kind;
+using cpu::tag;
 
 struct ResampleEntry {
-  dnnl::resampling_forward fwd;
-  dnnl::resampling_backward bwd;
+  Exec fwd, bwd;
   Bound src, dst;
 };
 
 struct EltwiseEntry {
-  dnnl::eltwise_forward fwd;
-  dnnl::eltwise_backward bwd;
+  Exec fwd, bwd;
   Bound src, dst, diff_dst, diff_src;
 };
 
-// The oneDNN CHECK: runs `build` and turns a dnnl::error into a dp::Error naming the primitive.
-template <typename F>
-auto dnnl_checked(const char* what, const F& build) {
-  try {
-    return build();
-  } catch (const dnnl::error& e) {
-    fail("oneDNN: could not create ", what, ": ", e.what(), " (status ", static_cast<int>(e.status),
-         ")");
-  }
-}
-
 auto conv_key(const ConvDesc& d) {
-  return std::make_tuple(d.n, d.h, d.w, d.cin, d.cout, d.kernel, d.relu);
+  return std::make_tuple(d.n, d.h, d.w, d.cin, d.cout, d.kernel, d.relu, d.stride, d.padding(),
+                         d.bias);
+}
+auto deconv_key(const DeconvDesc& d) {
+  return std::make_tuple(d.n, d.h, d.w, d.cin, d.cout, d.kernel, d.relu, d.stride, d.pad);
 }
 auto dims_key(const Dims& d) {
   return std::make_tuple(d.n, d.h, d.w, d.c);
@@ -108,52 +56,41 @@ class CpuBackend final : public Backend {
 
   void conv_forward(const ConvDesc& d, const float* src, const float* weight, const float* bias,
                     float* dst) override {
-    ConvEntry& e = conv(d);
-    memory& w = e.w_fwd.prepare(stream_, weight);
-    e.fwd.execute(stream_, {{DNNL_ARG_SRC, e.src.at(src)},
-                            {DNNL_ARG_WEIGHTS, w},
-                            {DNNL_ARG_BIAS, e.bias.at(bias)},
-                            {DNNL_ARG_DST, e.dst.at(dst)}});
-    stream_.wait();
+    conv(d).forward(stream_, src, weight, bias, dst);
   }
 
   void conv_backward(const ConvDesc& d, const float* src, const float* weight, const float* dst,
                      float* diff_dst, float* diff_src, float* diff_weight,
                      float* diff_bias) override {
-    ConvEntry& e = conv(d);
-    memory& dd = e.diff_dst.at(diff_dst);
-    if (d.relu) {
-      e.relu_bwd.execute(
-          stream_,
-          {{DNNL_ARG_DST, e.dst.at(dst)}, {DNNL_ARG_DIFF_DST, dd}, {DNNL_ARG_DIFF_SRC, dd}});
-    }
-    memory& dw = e.diff_w_reorder ? e.diff_w_internal : e.diff_w_user.at(diff_weight);
-    e.bwd_weights.execute(stream_, {{DNNL_ARG_SRC, e.src.at(src)},
-                                    {DNNL_ARG_DIFF_DST, dd},
-                                    {DNNL_ARG_DIFF_WEIGHTS, dw},
-                                    {DNNL_ARG_DIFF_BIAS, e.diff_bias.at(diff_bias)}});
-    if (e.diff_w_reorder) e.diff_w_to_user.execute(stream_, dw, e.diff_w_user.at(diff_weight));
-    if (diff_src != nullptr) {
-      memory& w = e.w_bwd.prepare(stream_, weight);
-      e.bwd_data.execute(stream_, {{DNNL_ARG_DIFF_DST, dd},
-                                   {DNNL_ARG_WEIGHTS, w},
-                                   {DNNL_ARG_DIFF_SRC, e.diff_src.at(diff_src)}});
-    }
-    stream_.wait();
+    conv(d).backward(stream_, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias);
+  }
+
+  void deconv_forward(const DeconvDesc& d, const float* src, const float* weight, const float* bias,
+                      float* dst) override {
+    deconv(d).forward(stream_, src, weight, bias, dst);
+  }
+
+  void deconv_backward(const DeconvDesc& d, const float* src, const float* weight, const float* dst,
+                       float* diff_dst, float* diff_src, float* diff_weight,
+                       float* diff_bias) override {
+    deconv(d).backward(stream_, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias);
   }
 
   void relu_forward(int64_t count, const float* src, float* dst) override {
     EltwiseEntry& e = relu(count);
-    e.fwd.execute(stream_, {{DNNL_ARG_SRC, e.src.at(src)}, {DNNL_ARG_DST, e.dst.at(dst)}});
+    e.src.at(src);
+    e.dst.at(dst);
+    e.fwd.run(stream_);
     stream_.wait();
   }
 
   void relu_backward(int64_t count, const float* dst, const float* diff_dst,
                      float* diff_src) override {
     EltwiseEntry& e = relu(count);
-    e.bwd.execute(stream_, {{DNNL_ARG_DST, e.dst.at(dst)},
-                            {DNNL_ARG_DIFF_DST, e.diff_dst.at(diff_dst)},
-                            {DNNL_ARG_DIFF_SRC, e.diff_src.at(diff_src)}});
+    e.dst.at(dst);
+    e.diff_dst.at(diff_dst);
+    e.diff_src.at(diff_src);
+    e.bwd.run(stream_);
     stream_.wait();
   }
 
@@ -213,15 +150,121 @@ class CpuBackend final : public Backend {
 
   void upsample2x_forward(const Dims& s, const float* src, float* dst) override {
     ResampleEntry& e = resample(s);
-    e.fwd.execute(stream_, {{DNNL_ARG_SRC, e.src.at(src)}, {DNNL_ARG_DST, e.dst.at(dst)}});
+    e.src.at(src);
+    e.dst.at(dst);
+    e.fwd.run(stream_);
     stream_.wait();
   }
 
   void upsample2x_backward(const Dims& s, const float* diff_dst, float* diff_src) override {
     ResampleEntry& e = resample(s);
-    e.bwd.execute(stream_, {{DNNL_ARG_DIFF_DST, e.dst.at(diff_dst)},
-                            {DNNL_ARG_DIFF_SRC, e.src.at(diff_src)}});
+    e.dst.at(diff_dst);
+    e.src.at(diff_src);
+    e.bwd.run(stream_);
     stream_.wait();
+  }
+
+  void batchnorm_stats(const Dims& d, const float* src, double* sums) override {
+    const int c = d.c;
+    const int64_t pixels = d.pixels();
+    std::fill(sums, sums + 2 * c, 0.0);
+    for (int64_t p = 0; p < pixels; ++p) {
+      const float* x = src + p * c;
+#pragma omp simd
+      for (int k = 0; k < c; ++k) {
+        sums[k] += x[k];
+        sums[c + k] += double(x[k]) * x[k];
+      }
+    }
+  }
+
+  void batchnorm_apply(const Dims& d, const float* src, const float* mean, const float* invstd,
+                       const float* gamma, const float* beta, bool relu, float* dst) override {
+    const int c = d.c;
+    const int64_t pixels = d.pixels();
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < pixels; ++p) {
+      const float* x = src + p * c;
+      float* y = dst + p * c;
+#pragma omp simd
+      for (int k = 0; k < c; ++k) {
+        const float v = gamma[k] * (x[k] - mean[k]) * invstd[k] + beta[k];
+        y[k] = relu ? std::fmax(v, 0.0f) : v;
+      }
+    }
+  }
+
+  void batchnorm_backward_stats(const Dims& d, const float* src, const float* dst, bool relu,
+                                float* diff_dst, const float* mean, const float* invstd,
+                                double* sums) override {
+    const int c = d.c;
+    const int64_t pixels = d.pixels();
+    std::fill(sums, sums + 2 * c, 0.0);
+    for (int64_t p = 0; p < pixels; ++p) {
+      const float* x = src + p * c;
+      float* dy = diff_dst + p * c;
+      if (relu) {
+        const float* y = dst + p * c;
+        for (int k = 0; k < c; ++k) dy[k] = y[k] > 0.0f ? dy[k] : 0.0f;
+      }
+#pragma omp simd
+      for (int k = 0; k < c; ++k) {
+        sums[k] += dy[k];
+        sums[c + k] += double(dy[k]) * (x[k] - mean[k]) * invstd[k];
+      }
+    }
+  }
+
+  void batchnorm_backward_apply(const Dims& d, const float* src, const float* diff_dst,
+                                const float* mean, const float* invstd, const float* gamma,
+                                const double* sums, double count, bool training, float* diff_src,
+                                bool accumulate) override {
+    const int c = d.c;
+    const int64_t pixels = d.pixels();
+    std::vector<float>& mean_dy = scratch_a_;
+    std::vector<float>& mean_dy_xhat = scratch_b_;
+    mean_dy.resize(size_t(c));
+    mean_dy_xhat.resize(size_t(c));
+    for (int k = 0; k < c; ++k) {
+      mean_dy[size_t(k)] = training ? float(sums[k] / count) : 0.0f;
+      mean_dy_xhat[size_t(k)] = training ? float(sums[c + k] / count) : 0.0f;
+    }
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < pixels; ++p) {
+      const float* x = src + p * c;
+      const float* dy = diff_dst + p * c;
+      float* dx = diff_src + p * c;
+#pragma omp simd
+      for (int k = 0; k < c; ++k) {
+        const float xhat = (x[k] - mean[k]) * invstd[k];
+        const float v =
+            gamma[k] * invstd[k] * (dy[k] - mean_dy[size_t(k)] - xhat * mean_dy_xhat[size_t(k)]);
+        dx[k] = accumulate ? dx[k] + v : v;
+      }
+    }
+  }
+
+  void add_forward(int64_t count, const float* a, const float* b, bool relu, float* dst) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < count; ++i) {
+      const float v = a[i] + b[i];
+      dst[i] = relu ? std::fmax(v, 0.0f) : v;
+    }
+  }
+
+  void dropout2d_forward(const Dims& d, float p, uint64_t seed, const float* src, float* mask,
+                         float* dst) override {
+    const float keep_scale = 1.0f / (1.0f - p);
+    for (int n = 0; n < d.n; ++n) {
+      Rng rng(key(seed, uint64_t(n)));
+      for (int k = 0; k < d.c; ++k) mask[n * d.c + k] = rng.uniform() < p ? 0.0f : keep_scale;
+    }
+    apply_channel_mask(d, mask, src, dst);
+  }
+
+  void dropout2d_backward(const Dims& d, const float* mask, const float* diff_dst,
+                          float* diff_src) override {
+    apply_channel_mask(d, mask, diff_dst, diff_src);
   }
 
   void concat_forward(const Dims& a, const float* pa, const Dims& b, const float* pb,
@@ -300,85 +343,36 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  static void apply_channel_mask(const Dims& d, const float* mask, const float* src, float* dst) {
+    const int64_t hw = int64_t{d.h} * d.w;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < d.pixels(); ++p) {
+      const float* m = mask + (p / hw) * d.c;
+#pragma omp simd
+      for (int k = 0; k < d.c; ++k) dst[p * d.c + k] = src[p * d.c + k] * m[k];
+    }
+  }
+
   static void check_concat(const Dims& a, const Dims& b) {
     DP_CHECK(a.n == b.n && a.h == b.h && a.w == b.w, "concat: shapes differ: [", a.n, ",", a.h, ",",
              a.w, ",", a.c, "] vs [", b.n, ",", b.h, ",", b.w, ",", b.c, "]");
   }
 
-  ConvEntry& conv(const ConvDesc& d) {
+  cpu::ConvPrims& conv(const ConvDesc& d) {
     auto& slot = conv_cache_[conv_key(d)];
-    if (slot) return *slot;
-    DP_CHECK(d.kernel == 1 || d.kernel == 3, "conv: kernel ", d.kernel, " not supported (1 or 3)");
-    slot = dnnl_checked("convolution", [&] { return make_conv(d); });
+    if (!slot) slot = cpu::make_conv(eng_, d);
     return *slot;
   }
 
-  std::unique_ptr<ConvEntry> make_conv(const ConvDesc& d) {
-    auto e = std::make_unique<ConvEntry>();
-    const memory::dim pad = d.kernel / 2;
-    const memory::desc src_md = nhwc_md(d.src()), dst_md = nhwc_md(d.dst());
-    const memory::desc user_w_md({d.cout, d.cin, d.kernel, d.kernel}, dt::f32, tag::oihw);
-    const memory::desc any_w_md({d.cout, d.cin, d.kernel, d.kernel}, dt::f32, tag::any);
-    const memory::desc bias_md({d.cout}, dt::f32, tag::x);
-    const memory::dims strides{1, 1}, padding{pad, pad};
-
-    dnnl::primitive_attr attr;
-    if (d.relu) {
-      dnnl::post_ops ops;
-      ops.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
-      attr.set_post_ops(ops);
-    }
-    dnnl::convolution_forward::primitive_desc fwd_pd(
-        dnnl::convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
-                                        src_md, any_w_md, bias_md, dst_md, strides, padding,
-                                        padding),
-        attr, eng_);
-    dnnl::convolution_backward_data::primitive_desc bwd_data_pd(
-        dnnl::convolution_backward_data::desc(algorithm::convolution_direct, src_md, any_w_md,
-                                              dst_md, strides, padding, padding),
-        eng_, fwd_pd);
-    dnnl::convolution_backward_weights::primitive_desc bwd_w_pd(
-        dnnl::convolution_backward_weights::desc(algorithm::convolution_direct, src_md, any_w_md,
-                                                 bias_md, dst_md, strides, padding, padding),
-        eng_, fwd_pd);
-    // One layout end to end: the activations must stay NHWC, never reordered.
-    DP_CHECK(fwd_pd.src_desc() == src_md && fwd_pd.dst_desc() == dst_md &&
-                 bwd_data_pd.diff_src_desc() == src_md && bwd_w_pd.diff_dst_desc() == dst_md,
-             "oneDNN chose a non-NHWC activation layout for conv ", d.cin, "->", d.cout);
-    e->fwd = dnnl::convolution_forward(fwd_pd);
-    e->bwd_data = dnnl::convolution_backward_data(bwd_data_pd);
-    e->bwd_weights = dnnl::convolution_backward_weights(bwd_w_pd);
-    e->src.mem = memory(src_md, eng_, DNNL_MEMORY_NONE);
-    e->dst.mem = memory(dst_md, eng_, DNNL_MEMORY_NONE);
-    e->diff_src.mem = memory(src_md, eng_, DNNL_MEMORY_NONE);
-    e->diff_dst.mem = memory(dst_md, eng_, DNNL_MEMORY_NONE);
-    e->bias.mem = memory(bias_md, eng_, DNNL_MEMORY_NONE);
-    e->diff_bias.mem = memory(bias_md, eng_, DNNL_MEMORY_NONE);
-    e->w_fwd.init(eng_, user_w_md, fwd_pd.weights_desc());
-    e->w_bwd.init(eng_, user_w_md, bwd_data_pd.weights_desc());
-    e->diff_w_user.mem = memory(user_w_md, eng_, DNNL_MEMORY_NONE);
-    e->diff_w_reorder = bwd_w_pd.diff_weights_desc() != user_w_md;
-    if (e->diff_w_reorder) {
-      e->diff_w_internal = memory(bwd_w_pd.diff_weights_desc(), eng_);
-      e->diff_w_to_user = dnnl::reorder(e->diff_w_internal, e->diff_w_user.mem);
-    }
-    if (d.relu) {
-      // ReLU backward from the forward output (the fused post-op kept no input).
-      dnnl::eltwise_forward::primitive_desc hint(
-          dnnl::eltwise_forward::desc(prop_kind::forward_training,
-                                      algorithm::eltwise_relu_use_dst_for_bwd, dst_md, 0.0f),
-          eng_);
-      e->relu_bwd = dnnl::eltwise_backward(dnnl::eltwise_backward::primitive_desc(
-          dnnl::eltwise_backward::desc(algorithm::eltwise_relu_use_dst_for_bwd, dst_md, dst_md,
-                                       0.0f),
-          eng_, hint));
-    }
-    return e;
+  cpu::ConvPrims& deconv(const DeconvDesc& d) {
+    auto& slot = deconv_cache_[deconv_key(d)];
+    if (!slot) slot = cpu::make_deconv(eng_, d);
+    return *slot;
   }
 
   EltwiseEntry& relu(int64_t count) {
     auto& slot = relu_cache_[count];
-    if (!slot) slot = dnnl_checked("ReLU", [&] { return make_relu(count); });
+    if (!slot) slot = checked("ReLU", [&] { return make_relu(count); });
     return *slot;
   }
 
@@ -392,16 +386,19 @@ class CpuBackend final : public Backend {
     dnnl::eltwise_backward::primitive_desc bwd_pd(
         dnnl::eltwise_backward::desc(algorithm::eltwise_relu_use_dst_for_bwd, md, md, 0.0f), eng_,
         fwd_pd);
-    e->fwd = dnnl::eltwise_forward(fwd_pd);
-    e->bwd = dnnl::eltwise_backward(bwd_pd);
-    for (Bound* b : {&e->src, &e->dst, &e->diff_dst, &e->diff_src})
-      b->mem = memory(md, eng_, DNNL_MEMORY_NONE);
+    for (Bound* b : {&e->src, &e->dst, &e->diff_dst, &e->diff_src}) b->init(md, eng_);
+    e->fwd = Exec(dnnl::eltwise_forward(fwd_pd));
+    e->fwd.arg(DNNL_ARG_SRC, e->src.mem).arg(DNNL_ARG_DST, e->dst.mem);
+    e->bwd = Exec(dnnl::eltwise_backward(bwd_pd));
+    e->bwd.arg(DNNL_ARG_DST, e->dst.mem)
+        .arg(DNNL_ARG_DIFF_DST, e->diff_dst.mem)
+        .arg(DNNL_ARG_DIFF_SRC, e->diff_src.mem);
     return e;
   }
 
   ResampleEntry& resample(const Dims& s) {
     auto& slot = resample_cache_[dims_key(s)];
-    if (!slot) slot = dnnl_checked("bilinear resampling", [&] { return make_resample(s); });
+    if (!slot) slot = checked("bilinear resampling", [&] { return make_resample(s); });
     return *slot;
   }
 
@@ -417,24 +414,40 @@ class CpuBackend final : public Backend {
     dnnl::resampling_backward::primitive_desc bwd_pd(
         dnnl::resampling_backward::desc(algorithm::resampling_linear, src_md, dst_md), eng_,
         fwd_pd);
-    e->fwd = dnnl::resampling_forward(fwd_pd);
-    e->bwd = dnnl::resampling_backward(bwd_pd);
-    e->src.mem = memory(src_md, eng_, DNNL_MEMORY_NONE);
-    e->dst.mem = memory(dst_md, eng_, DNNL_MEMORY_NONE);
+    e->src.init(src_md, eng_);
+    e->dst.init(dst_md, eng_);
+    // Backward binds the same two memories: diff_dst is the upsampled side, diff_src the input.
+    e->fwd = Exec(dnnl::resampling_forward(fwd_pd));
+    e->fwd.arg(DNNL_ARG_SRC, e->src.mem).arg(DNNL_ARG_DST, e->dst.mem);
+    e->bwd = Exec(dnnl::resampling_backward(bwd_pd));
+    e->bwd.arg(DNNL_ARG_DIFF_DST, e->dst.mem).arg(DNNL_ARG_DIFF_SRC, e->src.mem);
     return e;
   }
 
   dnnl::engine eng_;
   dnnl::stream stream_;
-  std::map<decltype(conv_key(ConvDesc{})), std::unique_ptr<ConvEntry>> conv_cache_;
+  std::vector<float> scratch_a_, scratch_b_;  // per-channel values, sized on first use
+  std::map<decltype(conv_key(ConvDesc{})), std::unique_ptr<cpu::ConvPrims>> conv_cache_;
+  std::map<decltype(deconv_key(DeconvDesc{})), std::unique_ptr<cpu::ConvPrims>> deconv_cache_;
   std::map<decltype(dims_key(Dims{})), std::unique_ptr<ResampleEntry>> resample_cache_;
   std::map<int64_t, std::unique_ptr<EltwiseEntry>> relu_cache_;
 };
 
 }  // namespace
 
+void batchnorm_moments(const double* sums, int channels, double count, float eps, float* mean,
+                       float* var, float* invstd) {
+  for (int k = 0; k < channels; ++k) {
+    const double m = sums[k] / count;
+    const double v = std::max(0.0, sums[channels + k] / count - m * m);
+    mean[k] = float(m);
+    var[k] = float(v);
+    invstd[k] = float(1.0 / std::sqrt(v + double(eps)));
+  }
+}
+
 std::unique_ptr<Backend> make_cpu_backend() {
-  return dnnl_checked("the CPU engine", [] { return std::make_unique<CpuBackend>(); });
+  return checked("the CPU engine", [] { return std::make_unique<CpuBackend>(); });
 }
 
 }  // namespace dp

@@ -16,6 +16,7 @@ namespace dp {
 namespace {
 
 const std::string kParamsGroup = "params";
+const std::string kBuffersGroup = "buffers";
 const std::string kMomentumGroup = std::string("optim/") + Sgd::kStateName;
 
 // 64-bit checksum of float tensors, chained in a fixed order (parameters by name, then state).
@@ -89,7 +90,7 @@ CheckpointMeta read_meta(const h5::Location& root) {
 }  // namespace
 
 void save_checkpoint(const std::string& path, const ParamStore& params, const float* momentum,
-                     const CheckpointMeta& meta) {
+                     const CheckpointMeta& meta, const ParamStore* buffers) {
   const std::string tmp = temp_path_for(path);
   try {
     std::lock_guard lock(h5::mutex());
@@ -99,6 +100,13 @@ void save_checkpoint(const std::string& path, const ParamStore& params, const fl
       h5::Dataset::create(file, kParamsGroup + "/" + p->name, h5::Type::kFloat32, p->shape)
           .write(p->value);
       sum = checksum_update(sum, p->name, p->value, p->numel);
+    }
+    if (buffers != nullptr) {
+      for (const ParamView* b : by_name(*buffers)) {
+        h5::Dataset::create(file, kBuffersGroup + "/" + b->name, h5::Type::kFloat32, b->shape)
+            .write(b->value);
+        sum = checksum_update(sum, kBuffersGroup + "/" + b->name, b->value, b->numel);
+      }
     }
     if (momentum != nullptr) {
       for (const ParamView* p : by_name(params)) {
@@ -130,7 +138,8 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   return read_meta(file);
 }
 
-CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, float* momentum) {
+CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, float* momentum,
+                               ParamStore* buffers) {
   std::lock_guard lock(h5::mutex());
   h5::File file(path, h5::Mode::kRead);
   CheckpointMeta meta = read_meta(file);
@@ -154,9 +163,27 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, floa
   const auto stored = file.open_group(kParamsGroup).children();
   DP_CHECK(stored.size() == params.views().size(), "checkpoint '", path, "' holds ", stored.size(),
            " parameters, the model has ", params.views().size());
+  // Buffers are covered by the checksum when present, so they are read even if not wanted.
+  std::vector<float> scratch;
+  if (file.exists(kBuffersGroup)) {
+    const size_t count = file.open_group(kBuffersGroup).children().size();
+    DP_CHECK(buffers == nullptr || count == buffers->views().size(), "checkpoint '", path,
+             "' holds ", count, " buffers, the model has ", buffers->views().size());
+    ParamStore* source = buffers;
+    DP_CHECK(source != nullptr || count == 0, "checkpoint '", path,
+             "' holds batch-norm statistics, but no model buffers were given to load them into");
+    if (source != nullptr) {
+      for (const ParamView* b : by_name(*source)) {
+        load(kBuffersGroup + "/" + b->name, *b, b->value);
+        sum = checksum_update(sum, kBuffersGroup + "/" + b->name, b->value, b->numel);
+      }
+    }
+  } else {
+    DP_CHECK(buffers == nullptr || buffers->views().empty(), "checkpoint '", path,
+             "' holds no batch-norm statistics, but the model has ", buffers->views().size());
+  }
   if (has_state) {
     // The checksum covers the state too, so read it (into the caller's buffer or a scratch one).
-    std::vector<float> scratch;
     for (const ParamView* p : by_name(params)) {
       float* dst = momentum != nullptr ? momentum + p->offset : nullptr;
       if (dst == nullptr) {

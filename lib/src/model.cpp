@@ -3,10 +3,21 @@
 #include "dp/model.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "dp/error.hpp"
+#include "dp/rng.hpp"
 
 namespace dp {
+namespace {
+constexpr float kBnEps = 1e-5f;  // PyTorch BatchNorm2d defaults
+constexpr float kBnMomentum = 0.1f;
+constexpr int64_t kAlignFloats = 16;  // 64 bytes
+
+int64_t aligned(int64_t n) {
+  return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
+}
+}  // namespace
 
 int Model::add_node(int scale, int c) {
   Node node;
@@ -16,34 +27,92 @@ int Model::add_node(int scale, int c) {
   return static_cast<int>(nodes_.size() - 1);
 }
 
+int Model::add_op(Op op, int scale, int c) {
+  op.out = add_node(scale, c);
+  ops_.push_back(std::move(op));
+  return ops_.back().out;
+}
+
 int Model::input(int channels) {
   DP_CHECK(input_ < 0, "model graph: a second input");
   input_ = add_node(1, channels);
   return input_;
 }
 
-int Model::conv(const std::string& prefix, int src, int cout, int kernel, bool relu) {
+int Model::conv(const std::string& prefix, int src, int cout, int kernel, bool relu, int stride,
+                int pad, bool bias, Init init) {
   const int cin = channels(src);
   Op op;
   op.kind = OpKind::kConv;
   op.in0 = src;
   op.kernel = kernel;
+  op.stride = stride;
+  op.pad = pad;
   op.relu = relu;
-  op.weight =
-      params_.add(prefix + ".weight", {cout, cin, kernel, kernel}, int64_t{cin} * kernel * kernel);
-  op.bias = params_.add(prefix + ".bias", {cout}, int64_t{cin} * kernel * kernel);
-  op.out = add_node(nodes_[static_cast<size_t>(src)].scale, cout);
-  ops_.push_back(std::move(op));
-  return ops_.back().out;
+  const int64_t fan = init == Init::kKaimingNormalFanOut ? int64_t{cout} * kernel * kernel
+                                                         : int64_t{cin} * kernel * kernel;
+  op.weight = params_.add(prefix + ".weight", {cout, cin, kernel, kernel}, fan, init);
+  if (bias) op.bias = params_.add(prefix + ".bias", {cout}, int64_t{cin} * kernel * kernel);
+  const int scale = nodes_[static_cast<size_t>(src)].scale * stride;
+  return add_op(std::move(op), scale, cout);
+}
+
+int Model::deconv(const std::string& prefix, int src, int cout, bool relu) {
+  const int cin = channels(src), scale = nodes_[static_cast<size_t>(src)].scale;
+  DP_CHECK(scale % 2 == 0, "model graph: transposed convolution of a node at full resolution");
+  constexpr int kKernel = 4;
+  Op op;
+  op.kind = OpKind::kDeconv;
+  op.in0 = src;
+  op.kernel = kKernel;
+  op.stride = 2;
+  op.pad = 1;
+  op.relu = relu;
+  // PyTorch computes ConvTranspose2d's fan_in from weight.size(1) * k * k = cout * k * k.
+  const int64_t fan = int64_t{cout} * kKernel * kKernel;
+  op.weight = params_.add(prefix + ".weight", {cin, cout, kKernel, kKernel}, fan);
+  op.bias = params_.add(prefix + ".bias", {cout}, fan);
+  return add_op(std::move(op), scale / 2, cout);
+}
+
+int Model::batchnorm(const std::string& prefix, int src, bool relu) {
+  const int c = channels(src);
+  Op op;
+  op.kind = OpKind::kBatchNorm;
+  op.in0 = src;
+  op.relu = relu;
+  op.weight = params_.add(prefix + ".weight", {c}, c, Init::kOnes);
+  op.bias = params_.add(prefix + ".bias", {c}, c, Init::kZeros);
+  op.running_mean = buffers_.add(prefix + ".running_mean", {c}, c, Init::kZeros);
+  op.running_var = buffers_.add(prefix + ".running_var", {c}, c, Init::kOnes);
+  return add_op(std::move(op), nodes_[static_cast<size_t>(src)].scale, c);
+}
+
+int Model::add(int a, int b, bool relu) {
+  DP_CHECK(nodes_[size_t(a)].scale == nodes_[size_t(b)].scale && channels(a) == channels(b),
+           "model graph: residual add of different shapes");
+  Op op;
+  op.kind = OpKind::kAdd;
+  op.in0 = a;
+  op.in1 = b;
+  op.relu = relu;
+  return add_op(std::move(op), nodes_[size_t(a)].scale, channels(a));
+}
+
+int Model::dropout2d(int src, float p) {
+  DP_CHECK(p >= 0.0f && p < 1.0f, "dropout probability ", p, " is not in [0, 1)");
+  Op op;
+  op.kind = OpKind::kDropout;
+  op.in0 = src;
+  op.p = p;
+  return add_op(std::move(op), nodes_[size_t(src)].scale, channels(src));
 }
 
 int Model::maxpool(int src) {
   Op op;
   op.kind = OpKind::kMaxPool;
   op.in0 = src;
-  op.out = add_node(nodes_[static_cast<size_t>(src)].scale * 2, channels(src));
-  ops_.push_back(std::move(op));
-  return ops_.back().out;
+  return add_op(std::move(op), nodes_[size_t(src)].scale * 2, channels(src));
 }
 
 int Model::upsample(int src) {
@@ -52,9 +121,7 @@ int Model::upsample(int src) {
   Op op;
   op.kind = OpKind::kUpsample;
   op.in0 = src;
-  op.out = add_node(scale / 2, channels(src));
-  ops_.push_back(std::move(op));
-  return ops_.back().out;
+  return add_op(std::move(op), scale / 2, channels(src));
 }
 
 int Model::concat(int a, int b) {
@@ -64,18 +131,40 @@ int Model::concat(int a, int b) {
   op.kind = OpKind::kConcat;
   op.in0 = a;
   op.in1 = b;
-  op.out = add_node(nodes_[static_cast<size_t>(a)].scale, channels(a) + channels(b));
-  ops_.push_back(std::move(op));
-  return ops_.back().out;
+  return add_op(std::move(op), nodes_[size_t(a)].scale, channels(a) + channels(b));
 }
 
 void Model::set_output(int node) {
   output_ = node;
 }
 
+void Model::finalize() {
+  params_.finalize();
+  buffers_.finalize();
+}
+
 Dims Model::dims(int node, int n) const {
   const Node& x = nodes_[static_cast<size_t>(node)];
   return {n, height_ / x.scale, width_ / x.scale, x.c};
+}
+
+ConvDesc Model::conv_desc(const Op& op, int n) const {
+  const Dims s = dims(op.in0, n);
+  ConvDesc d{n, s.h, s.w, s.c, channels(op.out), op.kernel, op.relu};
+  d.stride = op.stride;
+  d.pad = op.pad;
+  d.bias = op.bias >= 0;
+  return d;
+}
+
+DeconvDesc Model::deconv_desc(const Op& op, int n) const {
+  const Dims s = dims(op.in0, n);
+  DeconvDesc d{n, s.h, s.w, s.c, channels(op.out)};
+  d.kernel = op.kernel;
+  d.stride = op.stride;
+  d.pad = op.pad;
+  d.relu = op.relu;
+  return d;
 }
 
 void Model::setup(int max_batch, int height, int width) {
@@ -88,10 +177,12 @@ void Model::setup(int max_batch, int height, int width) {
   height_ = height;
   width_ = width;
   int64_t largest = 0;
+  int max_channels = 0;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     Node& x = nodes_[i];
     const int64_t bytes = dims(static_cast<int>(i), max_batch).numel() * int64_t{sizeof(float)};
     largest = std::max(largest, bytes);
+    max_channels = std::max(max_channels, x.c);
     if (static_cast<int>(i) != input_) x.value = Buffer(static_cast<size_t>(bytes));
     x.grad = Buffer(static_cast<size_t>(bytes));
     x.v = x.value.f32();
@@ -99,17 +190,59 @@ void Model::setup(int max_batch, int height, int width) {
   }
   nodes_[static_cast<size_t>(input_)].grad = Buffer();  // the input needs no gradient
   nodes_[static_cast<size_t>(input_)].g = nullptr;
-  for (Op& op : ops_)
+  for (Op& op : ops_) {
+    const int c = channels(op.out);
     if (op.kind == OpKind::kMaxPool)
-      op.argmax = Buffer(static_cast<size_t>(dims(op.out, max_batch).numel()));
+      op.saved = Buffer(static_cast<size_t>(dims(op.out, max_batch).numel()));
+    if (op.kind == OpKind::kBatchNorm) op.saved = Buffer(2 * size_t(c) * sizeof(float));
+    if (op.kind == OpKind::kDropout) op.saved = Buffer(size_t(max_batch) * c * sizeof(float));
+  }
   scratch_ = Buffer(static_cast<size_t>(largest));
+  // GradMode::kAccumulate: room for the largest op's parameter gradients (two tensors, each
+  // starting on a 64-byte boundary) before they are added to the arena.
+  int64_t largest_param = 0;
+  for (const ParamView& p : params_.views()) largest_param = std::max(largest_param, p.numel);
+  param_scratch_ = Buffer(static_cast<size_t>(2 * aligned(largest_param)) * sizeof(float));
+  bn_sums_.assign(2 * size_t(max_channels) + 1, 0.0);
+  bn_var_.assign(size_t(max_channels), 0.0f);
 }
 
 int64_t Model::activation_bytes() const {
-  int64_t total = static_cast<int64_t>(scratch_.bytes());
+  int64_t total = static_cast<int64_t>(scratch_.bytes() + param_scratch_.bytes());
   for (const Node& x : nodes_) total += static_cast<int64_t>(x.value.bytes() + x.grad.bytes());
-  for (const Op& op : ops_) total += static_cast<int64_t>(op.argmax.bytes());
+  for (const Op& op : ops_) total += static_cast<int64_t>(op.saved.bytes());
   return total;
+}
+
+void Model::batchnorm_forward(Op& op, int n) {
+  const Dims d = dims(op.in0, n);
+  float* mean = op.saved.f32();
+  float* invstd = mean + d.c;
+  const float* gamma = params_.view(op.weight).value;
+  const float* beta = params_.view(op.bias).value;
+  float* running_mean = buffers_.view(op.running_mean).value;
+  float* running_var = buffers_.view(op.running_var).value;
+  if (training_) {
+    double* sums = bn_sums_.data();
+    backend_.batchnorm_stats(d, nodes_[size_t(op.in0)].v, sums);
+    sums[2 * d.c] = double(d.pixels());
+    if (stat_reducer_) stat_reducer_(sums, 2 * size_t(d.c) + 1);  // sync-BN
+    const double count = sums[2 * d.c];
+    std::vector<float>& var = bn_var_;
+    batchnorm_moments(sums, d.c, count, kBnEps, mean, var.data(), invstd);
+    const float unbias = count > 1 ? float(count / (count - 1)) : 1.0f;
+    for (int k = 0; k < d.c; ++k) {
+      running_mean[k] = (1 - kBnMomentum) * running_mean[k] + kBnMomentum * mean[k];
+      running_var[k] = (1 - kBnMomentum) * running_var[k] + kBnMomentum * var[size_t(k)] * unbias;
+    }
+  } else {
+    for (int k = 0; k < d.c; ++k) {
+      mean[k] = running_mean[k];
+      invstd[k] = 1.0f / std::sqrt(running_var[k] + kBnEps);
+    }
+  }
+  backend_.batchnorm_apply(d, nodes_[size_t(op.in0)].v, mean, invstd, gamma, beta, op.relu,
+                           nodes_[size_t(op.out)].v);
 }
 
 const float* Model::forward(const float* input, int n) {
@@ -122,14 +255,31 @@ const float* Model::forward(const float* input, int n) {
     const Node& a = nodes_[static_cast<size_t>(op.in0)];
     Node& out = nodes_[static_cast<size_t>(op.out)];
     switch (op.kind) {
-      case OpKind::kConv: {
-        const Dims s = dims(op.in0, n);
-        backend_.conv_forward({n, s.h, s.w, s.c, out.c, op.kernel, op.relu}, a.v,
-                              params_.view(op.weight).value, params_.view(op.bias).value, out.v);
+      case OpKind::kConv:
+        backend_.conv_forward(conv_desc(op, n), a.v, params_.view(op.weight).value,
+                              op.bias >= 0 ? params_.view(op.bias).value : nullptr, out.v);
         break;
-      }
+      case OpKind::kDeconv:
+        backend_.deconv_forward(deconv_desc(op, n), a.v, params_.view(op.weight).value,
+                                params_.view(op.bias).value, out.v);
+        break;
+      case OpKind::kBatchNorm:
+        batchnorm_forward(op, n);
+        break;
+      case OpKind::kAdd:
+        backend_.add_forward(dims(op.out, n).numel(), a.v, nodes_[size_t(op.in1)].v, op.relu,
+                             out.v);
+        break;
+      case OpKind::kDropout:
+        if (training_ && op.p > 0) {
+          backend_.dropout2d_forward(dims(op.in0, n), op.p, key(dropout_seed_, uint64_t(op.out)),
+                                     a.v, op.saved.f32(), out.v);
+        } else {
+          backend_.copy(dims(op.in0, n).numel(), a.v, out.v);
+        }
+        break;
       case OpKind::kMaxPool:
-        backend_.maxpool2x2_forward(dims(op.in0, n), a.v, out.v, op.argmax.u8());
+        backend_.maxpool2x2_forward(dims(op.in0, n), a.v, out.v, op.saved.u8());
         break;
       case OpKind::kUpsample:
         backend_.upsample2x_forward(dims(op.in0, n), a.v, out.v);
@@ -143,8 +293,9 @@ const float* Model::forward(const float* input, int n) {
   return nodes_[static_cast<size_t>(output_)].v;
 }
 
-void Model::backward(const float* diff_logits, GradListener* listener) {
+void Model::backward(const float* diff_logits, GradListener* listener, GradMode mode) {
   DP_CHECK(batch_ > 0, "Model::backward before forward()");
+  const bool accumulate = mode == GradMode::kAccumulate;
   const int n = batch_;
   for (Node& x : nodes_) x.grad_ready = false;
   Node& out_node = nodes_[static_cast<size_t>(output_)];
@@ -153,15 +304,35 @@ void Model::backward(const float* diff_logits, GradListener* listener) {
 
   // Writes an input gradient that an op can only overwrite: straight into the node when it holds
   // no partial sum yet, else through the scratch buffer and an addition.
-  auto write_grad = [&](int id, float* scratch, auto&& op_writes) {
+  auto write_grad = [&](int id, auto&& op_writes) {
     Node& x = nodes_[static_cast<size_t>(id)];
     if (!x.grad_ready) {
       op_writes(x.g);
       x.grad_ready = true;
     } else {
-      op_writes(scratch);
-      backend_.accumulate(dims(id, n).numel(), scratch, x.g);
+      op_writes(scratch_.f32());
+      backend_.accumulate(dims(id, n).numel(), scratch_.f32(), x.g);
     }
+  };
+  // Where an op writes its parameter gradients: the arena, or (accumulating) scratch space that
+  // finish_params() adds to the arena. Then the listener hears of them, in arena order.
+  float* const weight_scratch = param_scratch_.f32();
+  float* const bias_scratch = weight_scratch + param_scratch_.bytes() / sizeof(float) / 2;
+  auto weight_grad = [&](const Op& op) {
+    return accumulate ? weight_scratch : params_.view(op.weight).grad;
+  };
+  auto bias_grad = [&](const Op& op) {
+    return op.bias < 0 ? nullptr : accumulate ? bias_scratch : params_.view(op.bias).grad;
+  };
+  auto finish_params = [&](const Op& op) {
+    const ParamView& w = params_.view(op.weight);
+    if (accumulate) backend_.accumulate(w.numel, weight_scratch, w.grad);
+    if (op.bias >= 0) {
+      const ParamView& b = params_.view(op.bias);
+      if (accumulate) backend_.accumulate(b.numel, bias_scratch, b.grad);
+      if (listener != nullptr) listener->grad_ready(b);  // the bias comes first in the arena
+    }
+    if (listener != nullptr) listener->grad_ready(w);
   };
 
   for (auto it = ops_.rbegin(); it != ops_.rend(); ++it) {
@@ -171,32 +342,55 @@ void Model::backward(const float* diff_logits, GradListener* listener) {
     const Node& a = nodes_[static_cast<size_t>(op.in0)];
     switch (op.kind) {
       case OpKind::kConv: {
-        const Dims s = dims(op.in0, n);
-        const ConvDesc d{n, s.h, s.w, s.c, out.c, op.kernel, op.relu};
-        const ParamView& w = params_.view(op.weight);
-        const ParamView& b = params_.view(op.bias);
+        const ConvDesc d = conv_desc(op, n);
+        const float* w = params_.view(op.weight).value;
         if (op.in0 == input_) {
-          backend_.conv_backward(d, a.v, w.value, out.v, out.g, nullptr, w.grad, b.grad);
+          backend_.conv_backward(d, a.v, w, out.v, out.g, nullptr, weight_grad(op), bias_grad(op));
         } else {
-          write_grad(op.in0, scratch_.f32(), [&](float* dst) {
-            backend_.conv_backward(d, a.v, w.value, out.v, out.g, dst, w.grad, b.grad);
+          write_grad(op.in0, [&](float* dst) {
+            backend_.conv_backward(d, a.v, w, out.v, out.g, dst, weight_grad(op), bias_grad(op));
           });
         }
-        if (listener != nullptr) {
-          listener->grad_ready(b);  // the bias comes first in the arena
-          listener->grad_ready(w);
-        }
+        finish_params(op);
         break;
       }
+      case OpKind::kDeconv: {
+        const DeconvDesc d = deconv_desc(op, n);
+        const float* w = params_.view(op.weight).value;
+        write_grad(op.in0, [&](float* dst) {
+          backend_.deconv_backward(d, a.v, w, out.v, out.g, dst, weight_grad(op), bias_grad(op));
+        });
+        finish_params(op);
+        break;
+      }
+      case OpKind::kBatchNorm:
+        batchnorm_backward(op, n, weight_grad(op), bias_grad(op));
+        finish_params(op);
+        break;
+      case OpKind::kAdd: {
+        const int64_t count = dims(op.out, n).numel();
+        if (op.relu) backend_.relu_backward(count, out.v, out.g, out.g);
+        for (int id : {op.in0, op.in1})
+          write_grad(id, [&](float* dst) { backend_.copy(count, out.g, dst); });
+        break;
+      }
+      case OpKind::kDropout:
+        write_grad(op.in0, [&](float* dst) {
+          if (training_ && op.p > 0)
+            backend_.dropout2d_backward(dims(op.in0, n), op.saved.f32(), out.g, dst);
+          else
+            backend_.copy(dims(op.in0, n).numel(), out.g, dst);
+        });
+        break;
       case OpKind::kMaxPool: {
         // Max-pool backward can add into a partial sum itself.
         Node& x = nodes_[static_cast<size_t>(op.in0)];
-        backend_.maxpool2x2_backward(dims(op.in0, n), op.argmax.u8(), out.g, x.g, x.grad_ready);
+        backend_.maxpool2x2_backward(dims(op.in0, n), op.saved.u8(), out.g, x.g, x.grad_ready);
         x.grad_ready = true;
         break;
       }
       case OpKind::kUpsample:
-        write_grad(op.in0, scratch_.f32(),
+        write_grad(op.in0,
                    [&](float* dst) { backend_.upsample2x_backward(dims(op.in0, n), out.g, dst); });
         break;
       case OpKind::kConcat: {
@@ -214,6 +408,28 @@ void Model::backward(const float* diff_logits, GradListener* listener) {
       }
     }
   }
+}
+
+void Model::batchnorm_backward(Op& op, int n, float* dgamma, float* dbeta) {
+  const Dims d = dims(op.in0, n);
+  Node& x = nodes_[size_t(op.in0)];
+  Node& out = nodes_[size_t(op.out)];
+  const float* mean = op.saved.f32();
+  const float* invstd = mean + d.c;
+  double* sums = bn_sums_.data();
+  backend_.batchnorm_backward_stats(d, x.v, out.v, op.relu, out.g, mean, invstd, sums);
+  // This rank's parameter gradients (the gradient reducer sums them over ranks later).
+  for (int k = 0; k < d.c; ++k) {
+    dgamma[k] = float(sums[d.c + k]);
+    dbeta[k] = float(sums[k]);
+  }
+  const ParamView& gamma = params_.view(op.weight);
+  sums[2 * d.c] = double(d.pixels());
+  if (training_ && stat_reducer_) stat_reducer_(sums, 2 * size_t(d.c) + 1);
+  const double count = sums[2 * d.c];
+  backend_.batchnorm_backward_apply(d, x.v, out.g, mean, invstd, gamma.value, sums, count,
+                                    training_, x.g, x.grad_ready);
+  x.grad_ready = true;
 }
 
 }  // namespace dp

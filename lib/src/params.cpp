@@ -1,6 +1,7 @@
 // Arena layout and initialisation of model parameters.
 #include "dp/params.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "dp/error.hpp"
@@ -12,7 +13,7 @@ namespace {
 constexpr int64_t kAlignFloats = 16;  // 64 bytes
 }
 
-int ParamStore::add(std::string name, std::vector<int64_t> shape, int64_t fan_in) {
+int ParamStore::add(std::string name, std::vector<int64_t> shape, int64_t fan, Init init) {
   DP_CHECK(!finalized_, "ParamStore::add('", name, "') after finalize()");
   DP_CHECK(find(name) == nullptr, "duplicate parameter name '", name, "'");
   ParamView v;
@@ -20,7 +21,8 @@ int ParamStore::add(std::string name, std::vector<int64_t> shape, int64_t fan_in
   v.numel = 1;
   for (int64_t d : shape) v.numel *= d;
   v.shape = std::move(shape);
-  v.fan_in = fan_in;
+  v.fan = fan;
+  v.init = init;
   views_.push_back(std::move(v));
   return static_cast<int>(views_.size() - 1);
 }
@@ -56,10 +58,30 @@ int64_t ParamStore::count() const {
 
 void ParamStore::init_pytorch_default(uint64_t seed) {
   DP_CHECK(finalized_, "ParamStore::init before finalize()");
+  constexpr float kTwoPi = 6.283185307179586f;
   for (auto& v : views_) {
-    const float bound = 1.0f / std::sqrt(static_cast<float>(v.fan_in));
     Rng rng(key(seed, hash_name(v.name)));
-    for (int64_t i = 0; i < v.numel; ++i) v.value[i] = rng.uniform(-bound, bound);
+    switch (v.init) {
+      case Init::kUniformFanIn: {
+        const float bound = 1.0f / std::sqrt(static_cast<float>(v.fan));
+        for (int64_t i = 0; i < v.numel; ++i) v.value[i] = rng.uniform(-bound, bound);
+        break;
+      }
+      case Init::kKaimingNormalFanOut: {
+        const float std_dev = std::sqrt(2.0f / static_cast<float>(v.fan));
+        for (int64_t i = 0; i < v.numel; ++i) {  // Box-Muller
+          const float u1 = 1.0f - rng.uniform(), u2 = rng.uniform();
+          v.value[i] = std_dev * std::sqrt(-2.0f * std::log(u1)) * std::cos(kTwoPi * u2);
+        }
+        break;
+      }
+      case Init::kOnes:
+        std::fill(v.value, v.value + v.numel, 1.0f);
+        break;
+      case Init::kZeros:
+        std::fill(v.value, v.value + v.numel, 0.0f);
+        break;
+    }
   }
 }
 

@@ -76,6 +76,29 @@ TEST(Checkpoint, RoundTripIsExact) {
   EXPECT_EQ(m.epoch_seconds, e.epoch_seconds);
 }
 
+TEST(Checkpoint, BatchNormBuffersRoundTrip) {
+  test::TempDir dir;
+  auto be = make_cpu_backend();
+  ModelConfig c;
+  c.name = "unet_resnet34";
+  c.width_divisor = 32;
+  auto a = make_model(c, *be), b = make_model(c, *be);
+  a->params().init_pytorch_default(1);
+  ParamStore& bufs = a->buffers();
+  ASSERT_FALSE(bufs.views().empty());
+  for (const ParamView& v : bufs.views())  // not the arena's zero padding, which is not stored
+    for (int64_t i = 0; i < v.numel; ++i) v.value[i] = 0.5f + 0.25f * float((v.offset + i) % 7);
+  const std::string path = dir.file("model_epoch_1.h5");
+  save_checkpoint(path, a->params(), nullptr, sample_meta(), &bufs);
+  load_checkpoint(path, b->params(), nullptr, &b->buffers());
+  EXPECT_EQ(0, std::memcmp(bufs.values(), b->buffers().values(),
+                           size_t(bufs.arena_size()) * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(a->params().values(), b->params().values(),
+                           size_t(a->params().arena_size()) * sizeof(float)));
+  // The statistics are part of the model: refusing to drop them silently.
+  EXPECT_THROW(load_checkpoint(path, b->params(), nullptr, nullptr), Error);
+}
+
 TEST(Checkpoint, DetectsCorruption) {
   test::TempDir dir;
   Fixture a, b;

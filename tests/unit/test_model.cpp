@@ -54,6 +54,55 @@ TEST(UNet16, ParameterNamesAndShapesFollowTheReference) {
   EXPECT_EQ(ps.find("conv1.0.weight")->offset + 64 * 27, ps.arena_size());
 }
 
+// Parameter and buffer counts at full width equal the PyTorch reference's (tools/reference,
+// encoder.fc excluded: the classifier is not part of the segmentation network).
+TEST(Models, SizesMatchTheReference) {
+  auto be = make_cpu_backend();
+  struct Case {
+    const char* name;
+    bool deconv;
+    int64_t params;
+    size_t tensors, buffers;
+  };
+  for (const Case& k : {Case{"unet16", true, 32202337, 50, 0},
+                        Case{"unet_resnet34", false, 34604897, 136, 72},
+                        Case{"unet_resnet101", false, 74621025, 340, 208}}) {
+    ModelConfig c;
+    c.name = k.name;
+    c.deconv = k.deconv;
+    auto m = make_model(c, *be);
+    EXPECT_EQ(m->params().count(), k.params) << k.name;
+    EXPECT_EQ(m->params().views().size(), k.tensors) << k.name;
+    EXPECT_EQ(m->buffers().views().size(), k.buffers) << k.name;
+  }
+}
+
+// Dropout2d: training zeroes whole channels (a function of the seed), evaluation is the identity.
+TEST(Models, DropoutOnlyInTrainingAndSeeded) {
+  auto be = make_cpu_backend();
+  ModelConfig c;
+  c.name = "unet_resnet34";
+  c.width_divisor = 8;
+  c.dropout = 0.5f;
+  auto m = make_model(c, *be);
+  m->setup(2, 64, 64);
+  m->params().init_pytorch_default(3);
+  std::vector<float> x(size_t(2 * 64 * 64 * 3));
+  Rng rng(8);
+  for (auto& v : x) v = rng.uniform(-1, 1);
+  auto run = [&](bool training, uint64_t seed) {
+    m->set_training(training);
+    m->set_dropout_seed(seed);
+    const float* y = m->forward(x.data(), 2);
+    return std::vector<float>(y, y + 2 * 64 * 64);
+  };
+  const auto a = run(true, 1), b = run(true, 1), other = run(true, 2);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, other);
+  const auto e1 = run(false, 1), e2 = run(false, 2);
+  EXPECT_EQ(e1, e2);
+}
+
 TEST(UNet16, OutputShapeAndWidthDivisor) {
   auto be = make_cpu_backend();
   auto m = unet16(*be, 8);
@@ -103,7 +152,7 @@ TEST(UNet16, InitialisationIsPyTorchDefaultAndSeeded) {
   const ParamStore& ps = a->params();
   EXPECT_EQ(0, std::memcmp(ps.values(), b->params().values(), size_t(ps.arena_size()) * 4));
   for (const ParamView& v : ps.views()) {
-    const double bound = 1.0 / std::sqrt(double(v.fan_in));
+    const double bound = 1.0 / std::sqrt(double(v.fan));
     double mx = 0, sum = 0;
     for (int64_t i = 0; i < v.numel; ++i) {
       mx = std::max(mx, std::fabs(double(v.value[i])));
@@ -155,21 +204,31 @@ TEST(UNet16, WholeModelGradientSatisfiesEulerIdentity) {
 }
 
 // The listener hears of every parameter exactly once, in arena order (what bucketing relies on).
-TEST(UNet16, GradListenerReportsEveryParameterInArenaOrder) {
+TEST(Models, GradListenerReportsEveryParameterInArenaOrder) {
   struct Recorder : GradListener {
     std::vector<int64_t> offsets;
     void grad_ready(const ParamView& p) override { offsets.push_back(p.offset); }
-  } rec;
+  };
   auto be = make_cpu_backend();
-  auto m = unet16(*be, 16);
-  m->setup(1, 32, 32);
-  m->params().init_pytorch_default(1);
-  std::vector<float> x(32 * 32 * 3, 0.5f), g(32 * 32, 1.0f);
-  m->forward(x.data(), 1);
-  m->backward(g.data(), &rec);
-  ASSERT_EQ(rec.offsets.size(), m->params().views().size());
-  for (size_t i = 1; i < rec.offsets.size(); ++i) EXPECT_LT(rec.offsets[i - 1], rec.offsets[i]);
-  EXPECT_EQ(rec.offsets.front(), 0);
+  for (const char* name : {"unet16", "unet_resnet34", "unet_resnet101"}) {
+    for (bool deconv : {false, true}) {
+      ModelConfig c;
+      c.name = name;
+      c.width_divisor = 16;
+      c.deconv = deconv;
+      auto m = make_model(c, *be);
+      m->setup(1, 64, 64);
+      m->params().init_pytorch_default(1);
+      std::vector<float> x(64 * 64 * 3, 0.5f), g(64 * 64, 1.0f);
+      m->forward(x.data(), 1);
+      Recorder rec;
+      m->backward(g.data(), &rec);
+      ASSERT_EQ(rec.offsets.size(), m->params().views().size()) << name;
+      for (size_t i = 1; i < rec.offsets.size(); ++i)
+        EXPECT_LT(rec.offsets[i - 1], rec.offsets[i]) << name;
+      EXPECT_EQ(rec.offsets.front(), 0) << name;
+    }
+  }
 }
 
 // A second, independent check on the layers nearest the loss: central differences of the final

@@ -16,16 +16,36 @@ struct Dims {
   bool operator==(const Dims&) const = default;
 };
 
-// A stride-1 "same" convolution (kernel 1 or 3, padding kernel/2) with bias and optional fused
-// ReLU.
+// A 2-D convolution with optional bias and fused ReLU. pad < 0 means kernel / 2 ("same" for
+// stride 1). Output size = (in + 2 pad - kernel) / stride + 1.
 struct ConvDesc {
-  int n = 0, h = 0, w = 0;  // batch and spatial size (input = output)
+  int n = 0, h = 0, w = 0;  // batch and input spatial size
   int cin = 0, cout = 0;
   int kernel = 3;
   bool relu = false;
+  int stride = 1;
+  int pad = -1;
+  bool bias = true;
+  int padding() const { return pad >= 0 ? pad : kernel / 2; }
+  int out_h() const { return (h + 2 * padding() - kernel) / stride + 1; }
+  int out_w() const { return (w + 2 * padding() - kernel) / stride + 1; }
   Dims src() const { return {n, h, w, cin}; }
-  Dims dst() const { return {n, h, w, cout}; }
+  Dims dst() const { return {n, out_h(), out_w(), cout}; }
   bool operator==(const ConvDesc&) const = default;
+};
+
+// A 2-D transposed convolution (PyTorch ConvTranspose2d) with bias and optional fused ReLU.
+// Output size = (in - 1) * stride - 2 pad + kernel; weight layout [cin, cout, k, k] (PyTorch's).
+struct DeconvDesc {
+  int n = 0, h = 0, w = 0;
+  int cin = 0, cout = 0;
+  int kernel = 4, stride = 2, pad = 1;
+  bool relu = false;
+  int out_h() const { return (h - 1) * stride - 2 * pad + kernel; }
+  int out_w() const { return (w - 1) * stride - 2 * pad + kernel; }
+  Dims src() const { return {n, h, w, cin}; }
+  Dims dst() const { return {n, out_h(), out_w(), cout}; }
+  bool operator==(const DeconvDesc&) const = default;
 };
 
 // Argument order everywhere: outputs' shapes, inputs, weights, saved state, outputs.
@@ -36,14 +56,54 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
 
-  // dst = act(conv(src, weight) + bias); weight in PyTorch layout [cout, cin, k, k], bias [cout].
+  // dst = act(conv(src, weight) + bias); weight in PyTorch layout [cout, cin, k, k], bias [cout]
+  // (bias ignored, may be null, when !d.bias).
   virtual void conv_forward(const ConvDesc& d, const float* src, const float* weight,
                             const float* bias, float* dst) = 0;
   // With d.relu, diff_dst is first turned in place into the gradient before the ReLU (using
-  // dst). diff_src may be null (first layer). diff_weight/diff_bias: PyTorch layout.
+  // dst). diff_src may be null (first layer). diff_weight/diff_bias: PyTorch layout; diff_bias
+  // may be null when !d.bias.
   virtual void conv_backward(const ConvDesc& d, const float* src, const float* weight,
                              const float* dst, float* diff_dst, float* diff_src, float* diff_weight,
                              float* diff_bias) = 0;
+
+  virtual void deconv_forward(const DeconvDesc& d, const float* src, const float* weight,
+                              const float* bias, float* dst) = 0;
+  virtual void deconv_backward(const DeconvDesc& d, const float* src, const float* weight,
+                               const float* dst, float* diff_dst, float* diff_src,
+                               float* diff_weight, float* diff_bias) = 0;
+
+  // Batch normalisation over (n, h, w) per channel, split so that statistics can be reduced over
+  // ranks between the steps (sync-BN). Sums are double; C = d.c.
+  // stats: sums[c] = sum x, sums[C + c] = sum x^2.
+  virtual void batchnorm_stats(const Dims& d, const float* src, double* sums) = 0;
+  // dst = act(gamma * (src - mean) * invstd + beta).
+  virtual void batchnorm_apply(const Dims& d, const float* src, const float* mean,
+                               const float* invstd, const float* gamma, const float* beta,
+                               bool relu, float* dst) = 0;
+  // With relu, diff_dst is first masked in place by (dst > 0). Then sums[c] = sum dy,
+  // sums[C + c] = sum dy * (x - mean) * invstd.
+  virtual void batchnorm_backward_stats(const Dims& d, const float* src, const float* dst,
+                                        bool relu, float* diff_dst, const float* mean,
+                                        const float* invstd, double* sums) = 0;
+  // Training (batch statistics over `count` elements per channel): dx = gamma * invstd *
+  // (dy - sum_dy / count - xhat * sum_dy_xhat / count); with running statistics (!training):
+  // dx = gamma * invstd * dy. Adds to diff_src when `accumulate`.
+  virtual void batchnorm_backward_apply(const Dims& d, const float* src, const float* diff_dst,
+                                        const float* mean, const float* invstd, const float* gamma,
+                                        const double* sums, double count, bool training,
+                                        float* diff_src, bool accumulate) = 0;
+
+  // dst = act(a + b) (the residual connection).
+  virtual void add_forward(int64_t count, const float* a, const float* b, bool relu,
+                           float* dst) = 0;
+
+  // Channel dropout (PyTorch dropout2d): each (sample, channel) is zeroed with probability p,
+  // kept ones are scaled by 1 / (1 - p). The mask [n, c] is a function of `seed` only.
+  virtual void dropout2d_forward(const Dims& d, float p, uint64_t seed, const float* src,
+                                 float* mask, float* dst) = 0;
+  virtual void dropout2d_backward(const Dims& d, const float* mask, const float* diff_dst,
+                                  float* diff_src) = 0;
 
   virtual void relu_forward(int64_t count, const float* src, float* dst) = 0;
   // diff_src = diff_dst * (dst > 0); may be in place.
@@ -84,6 +144,11 @@ class Backend {
   virtual void sgd_update(int64_t count, float* param, const float* grad, float* momentum_buf,
                           float lr, float momentum, float weight_decay, bool nesterov) = 0;
 };
+
+// Host-side batch-norm moments from batchnorm_stats sums over `count` elements per channel:
+// mean, biased variance (for normalising) and invstd = 1 / sqrt(var + eps).
+void batchnorm_moments(const double* sums, int channels, double count, float eps, float* mean,
+                       float* var, float* invstd);
 
 // The oneDNN backend (lib/cpu/). Threads follow OMP_NUM_THREADS.
 std::unique_ptr<Backend> make_cpu_backend();

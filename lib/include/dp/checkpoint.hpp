@@ -11,8 +11,9 @@ namespace dp {
 
 inline constexpr const char* kCheckpointFormat = "dp-checkpoint-v1";
 
-// Layout: /params/<name> (float32, PyTorch shape), /optim/momentum_buffer/<name>; root attributes
-// below. `checksum` covers every dataset, in name order, so a torn or altered file is detected.
+// Layout: /params/<name> (float32, PyTorch shape), /buffers/<name> (batch-norm running
+// statistics), /optim/momentum_buffer/<name>; root attributes below. `checksum` covers every
+// dataset, in name order, so a torn or altered file is detected.
 struct CheckpointMeta {
   int64_t epoch = 0;  // epochs completed; training resumes at this epoch index
   int64_t step = 0;   // optimizer steps taken
@@ -31,16 +32,17 @@ struct CheckpointMeta {
 };
 
 // Writes atomically (temporary file, flush, fsync, rename, directory fsync). `momentum` may be
-// null (weights-only file).
+// null (weights-only file); `buffers` may be null or empty (no batch norm).
 void save_checkpoint(const std::string& path, const ParamStore& params, const float* momentum,
-                     const CheckpointMeta& meta);
+                     const CheckpointMeta& meta, const ParamStore* buffers = nullptr);
 
 // Reads only the attributes and checks the format; throws dp::Error naming the file otherwise.
 CheckpointMeta read_checkpoint_meta(const std::string& path);
 
-// Loads parameters (every name and shape must match; checksum verified) and, if `momentum` is
-// not null, the optimiser state. Returns the metadata.
-CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, float* momentum);
+// Loads parameters (every name and shape must match; checksum verified), the buffers if
+// `buffers` is not null, and the optimiser state if `momentum` is not null. Returns the metadata.
+CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, float* momentum,
+                               ParamStore* buffers = nullptr);
 
 // Epoch checkpoints model_epoch_<N>.h5 in `dir`, newest first (by N).
 std::vector<std::pair<int64_t, std::string>> list_epoch_checkpoints(const std::string& dir);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,8 @@ namespace dp {
 struct ModelConfig {
   std::string name = "unet16";
   int width_divisor = 1;  // every hidden channel count is divided by this (CPU demos, tests)
+  bool deconv = false;    // decoder blocks upsample by transposed convolution
+  float dropout = 0.2f;   // dropout2d before the final layer of the ResNet UNets (training only)
 };
 
 // Models known to make_model().
@@ -29,6 +32,10 @@ class GradListener {
   virtual void grad_ready(const ParamView& param) = 0;
 };
 
+// How Model::backward writes parameter gradients: kOverwrite replaces the grad arena's contents;
+// kAccumulate adds to them (gradient accumulation over micro-batches).
+enum class GradMode { kOverwrite, kAccumulate };
+
 // Layers are explicit forward/backward pairs; the graph runs them in order and in reverse.
 // Parameters live in one ParamStore arena; activations and their gradients are allocated once by
 // setup() for the largest batch, so the step loop allocates nothing.
@@ -42,6 +49,9 @@ class Model {
   const ModelConfig& config() const { return config_; }
   ParamStore& params() { return params_; }
   const ParamStore& params() const { return params_; }
+  // Batch-norm running statistics (`<bn>.running_mean`, `<bn>.running_var`); empty for UNet16.
+  ParamStore& buffers() { return buffers_; }
+  const ParamStore& buffers() const { return buffers_; }
   // Multiple that the input height and width must be (the number of 2x poolings, as a factor).
   virtual int size_multiple() const = 0;
 
@@ -50,21 +60,43 @@ class Model {
   int max_batch() const { return max_batch_; }
   int64_t activation_bytes() const;
 
+  // Training mode (default): batch-norm uses and updates batch statistics, dropout is on.
+  // Evaluation: running statistics, no dropout.
+  void set_training(bool training) { training_ = training; }
+  bool training() const { return training_; }
+  // Seed of the dropout masks of the next forward (e.g. a function of seed and global step).
+  void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
+  // Sync-BN: when set, batch-norm sums (and the element count, the last entry) are passed to this
+  // function to be summed over all ranks, in forward and in backward, in the same order everywhere.
+  using StatReducer = std::function<void(double* sums, size_t count)>;
+  void set_stat_reducer(StatReducer reducer) { stat_reducer_ = std::move(reducer); }
+
   // input: [n,H,W,3] (kept by pointer until backward); returns logits [n,H,W,1].
   const float* forward(const float* input, int n);
-  // diff_logits: [n,H,W,1] for the batch of the last forward; OVERWRITES params().grads().
-  // `listener` (optional) hears of each parameter as soon as its gradient is complete.
-  void backward(const float* diff_logits, GradListener* listener = nullptr);
+  // diff_logits: [n,H,W,1] for the batch of the last forward; OVERWRITES params().grads(), or
+  // adds to them with GradMode::kAccumulate. `listener` (optional) hears of each parameter as soon
+  // as its gradient (the sum, when accumulating) is complete.
+  void backward(const float* diff_logits, GradListener* listener = nullptr,
+                GradMode mode = GradMode::kOverwrite);
 
  protected:
-  // Graph construction, used by the concrete models' constructors.
+  // Graph construction, used by the concrete models' constructors. Names are PyTorch prefixes.
   int input(int channels);  // the one input node; returns its id
-  int conv(const std::string& weight_prefix, int src, int cout, int kernel, bool relu);
+  // Convolution `<prefix>.weight` [cout, cin, k, k] (+ `<prefix>.bias`), optional fused ReLU.
+  int conv(const std::string& prefix, int src, int cout, int kernel, bool relu, int stride = 1,
+           int pad = -1, bool bias = true, Init init = Init::kUniformFanIn);
+  // Transposed convolution k=4, s=2, p=1 (x2 upsampling), weight [cin, cout, 4, 4], bias.
+  int deconv(const std::string& prefix, int src, int cout, bool relu);
+  // Batch norm (eps 1e-5, momentum 0.1) with `<prefix>.weight/.bias` and running statistics.
+  int batchnorm(const std::string& prefix, int src, bool relu);
+  int add(int a, int b, bool relu);  // residual connection
+  int dropout2d(int src, float p);
   int maxpool(int src);
   int upsample(int src);
   int concat(int a, int b);
   void set_output(int node);
   int channels(int node) const { return nodes_.at(static_cast<size_t>(node)).c; }
+  void finalize();  // after the graph is built: allocates the parameter and buffer arenas
 
  private:
   struct Node {
@@ -75,28 +107,42 @@ class Model {
     float* g = nullptr;
     bool grad_ready = false;  // during backward: grad holds a partial sum
   };
-  enum class OpKind { kConv, kMaxPool, kUpsample, kConcat };
+  enum class OpKind { kConv, kDeconv, kBatchNorm, kAdd, kDropout, kMaxPool, kUpsample, kConcat };
   struct Op {
     OpKind kind = OpKind::kConv;
     int in0 = -1, in1 = -1, out = -1;
-    int weight = -1, bias = -1, kernel = 0;  // conv
+    int weight = -1, bias = -1;               // parameters (conv, deconv, batch norm)
+    int running_mean = -1, running_var = -1;  // buffers (batch norm)
+    int kernel = 0, stride = 1, pad = -1;     // conv, deconv
     bool relu = false;
-    Buffer argmax;  // max-pool
+    float p = 0;   // dropout
+    Buffer saved;  // max-pool argmax; batch-norm mean and invstd; dropout mask
   };
   int add_node(int scale, int c);
+  int add_op(Op op, int scale, int c);
   Dims dims(int node, int n) const;
+  ConvDesc conv_desc(const Op& op, int n) const;
+  DeconvDesc deconv_desc(const Op& op, int n) const;
+  void batchnorm_forward(Op& op, int n);
+  void batchnorm_backward(Op& op, int n, float* dgamma, float* dbeta);
 
   ModelConfig config_;
   Backend& backend_;
-  ParamStore params_;
+  ParamStore params_, buffers_;
   std::vector<Node> nodes_;
   std::vector<Op> ops_;
   int input_ = -1, output_ = -1;
   int max_batch_ = 0, height_ = 0, width_ = 0, batch_ = 0;
-  Buffer scratch_;  // for gradients that must be added to a partial sum
+  bool training_ = true;
+  uint64_t dropout_seed_ = 0;
+  StatReducer stat_reducer_;
+  Buffer scratch_;        // for gradients that must be added to a partial sum
+  Buffer param_scratch_;  // GradMode::kAccumulate: an op's parameter gradients before the addition
+  std::vector<double> bn_sums_;  // batch-norm sums (2 C + 1), sized once
+  std::vector<float> bn_var_;    // batch-norm biased variance (C), sized once
 };
 
-// Builds a model by name ("unet16"), parameters declared and the arena allocated but not
+// Builds a model by name (model_names()), parameters declared and the arenas allocated but not
 // initialised. Unknown names are a dp::Error listing the known ones.
 std::unique_ptr<Model> make_model(const ModelConfig& config, Backend& backend);
 

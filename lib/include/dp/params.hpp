@@ -9,6 +9,14 @@
 
 namespace dp {
 
+// How a tensor is initialised (PyTorch's defaults for the module it belongs to).
+enum class Init {
+  kUniformFanIn,         // Conv2d / ConvTranspose2d: U(-1/sqrt(fan_in), 1/sqrt(fan_in))
+  kKaimingNormalFanOut,  // torchvision ResNet convolutions: N(0, 2 / fan_out)
+  kOnes,                 // batch-norm weight, running variance
+  kZeros,                // batch-norm bias, running mean
+};
+
 struct ParamView {
   std::string name;            // PyTorch state_dict key, e.g. "conv1.0.weight"
   std::vector<int64_t> shape;  // PyTorch layout (OIHW for convolution weights)
@@ -16,7 +24,8 @@ struct ParamView {
   int64_t offset = 0;  // in floats, into the arenas
   float* value = nullptr;
   float* grad = nullptr;
-  int64_t fan_in = 0;  // for PyTorch's default initialisation
+  int64_t fan = 0;  // fan_in (kUniformFanIn) or fan_out (kKaimingNormalFanOut)
+  Init init = Init::kUniformFanIn;
 };
 
 // Parameters are declared in forward order; the arena lays them out in REVERSE order so that
@@ -25,7 +34,8 @@ struct ParamView {
 class ParamStore {
  public:
   // Declares a parameter; returns its index. Only before finalize().
-  int add(std::string name, std::vector<int64_t> shape, int64_t fan_in);
+  int add(std::string name, std::vector<int64_t> shape, int64_t fan,
+          Init init = Init::kUniformFanIn);
   // Allocates the arenas and sets the views' pointers.
   void finalize();
 
@@ -36,8 +46,9 @@ class ParamStore {
   float* grads() const { return grads_.f32(); }
   int64_t arena_size() const { return arena_size_; }  // floats, padding included
   int64_t count() const;                              // parameters, padding excluded
-  // PyTorch's default init for Conv2d: weight and bias ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))
-  // (kaiming_uniform_ with a=sqrt(5)), from a stream keyed by (seed, parameter name).
+  // Initialises every tensor by its Init kind (PyTorch's defaults; for Conv2d kaiming_uniform_
+  // with a=sqrt(5) gives U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias), each from a
+  // random stream keyed by (seed, tensor name).
   void init_pytorch_default(uint64_t seed);
 
  private:

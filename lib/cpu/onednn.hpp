@@ -1,0 +1,109 @@
+// oneDNN helpers for the CPU backend: bound memories, executions with pre-bound arguments,
+// weight reorders built once, and the oneDNN error check.
+#pragma once
+
+#include <dnnl.hpp>
+
+#include <vector>
+
+#include "dp/backend.hpp"
+#include "dp/error.hpp"
+
+namespace dp::cpu {
+
+using dnnl::algorithm;
+using dnnl::memory;
+using dnnl::prop_kind;
+using tag = memory::format_tag;
+using dt = memory::data_type;
+
+inline memory::desc nhwc_md(const Dims& d) {
+  return memory::desc({d.n, d.c, d.h, d.w}, dt::f32, tag::nhwc);
+}
+
+// The oneDNN CHECK: runs `build` and turns a dnnl::error into a dp::Error naming the primitive.
+template <typename F>
+auto checked(const char* what, const F& build) {
+  try {
+    return build();
+  } catch (const dnnl::error& e) {
+    fail("oneDNN: could not create ", what, ": ", e.what(), " (status ", static_cast<int>(e.status),
+         ")");
+  }
+}
+
+// A memory object whose data pointer is set to the caller's buffer on each use.
+struct Bound {
+  memory mem;
+  void init(const memory::desc& md, const dnnl::engine& eng) {
+    mem = memory(md, eng, DNNL_MEMORY_NONE);
+  }
+  void at(const void* p) { mem.set_data_handle(const_cast<void*>(p)); }
+};
+
+// A primitive with its arguments bound once (memory handles stay valid when their data pointer
+// changes); run() goes through the C API so that executing allocates nothing.
+class Exec {
+ public:
+  Exec() = default;
+  explicit Exec(dnnl::primitive p) : prim_(std::move(p)) {}
+  Exec& arg(int which, const memory& m) {
+    mems_.push_back(m);
+    args_.push_back({which, m.get()});
+    return *this;
+  }
+  void run(const dnnl::stream& s) const {
+    const dnnl_status_t st =
+        dnnl_primitive_execute(prim_.get(), s.get(), static_cast<int>(args_.size()), args_.data());
+    DP_CHECK(st == dnnl_success, "oneDNN: primitive execution failed (status ", int(st), ")");
+  }
+
+ private:
+  dnnl::primitive prim_;
+  std::vector<memory> mems_;
+  std::vector<dnnl_exec_arg_t> args_;
+};
+
+// Weights kept in PyTorch's layout; when a primitive prefers another layout it gets a private
+// copy, reordered on each prepare() by a reorder built once.
+struct WeightsIn {
+  Bound user;
+  memory internal;
+  Exec reorder;
+  bool needs_reorder = false;
+
+  void init(const dnnl::engine& eng, const memory::desc& user_md, const memory::desc& want) {
+    user.init(user_md, eng);
+    needs_reorder = want != user_md;
+    if (needs_reorder) {
+      internal = memory(want, eng);
+      reorder = Exec(dnnl::reorder(user.mem, internal));
+      reorder.arg(DNNL_ARG_FROM, user.mem).arg(DNNL_ARG_TO, internal);
+    }
+  }
+  // The memory the primitive reads (fixed once init() ran).
+  const memory& active() const { return needs_reorder ? internal : user.mem; }
+  void prepare(const dnnl::stream& s, const float* p) {
+    user.at(p);
+    if (needs_reorder) reorder.run(s);
+  }
+};
+
+// Forward, backward-data and backward-weights of a convolution or transposed convolution with
+// optional bias and fused ReLU, all bound to their arguments once.
+struct ConvPrims {
+  Exec fwd, bwd_data, bwd_weights, relu_bwd, diff_w_to_user;
+  Bound src, dst, bias, diff_dst, diff_src, diff_bias, diff_w_user;
+  WeightsIn w_fwd, w_bwd;
+  memory diff_w_internal;
+  bool diff_w_reorder = false, relu = false, has_bias = false;
+
+  void forward(dnnl::stream& s, const float* x, const float* w, const float* b, float* y);
+  void backward(dnnl::stream& s, const float* x, const float* w, const float* y, float* dy,
+                float* dx, float* dw, float* db);
+};
+
+std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d);
+std::unique_ptr<ConvPrims> make_deconv(const dnnl::engine& eng, const DeconvDesc& d);
+
+}  // namespace dp::cpu

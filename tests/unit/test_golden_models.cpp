@@ -1,0 +1,110 @@
+// Golden tests of whole models: one training step of each model at width 1/32 against PyTorch
+// (tests/golden/<model>_w32.h5): logits, loss, every gradient, batch-norm running statistics and
+// the weights after one SGD step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "dp/model.hpp"
+#include "dp/optim.hpp"
+#include "golden_util.hpp"
+
+namespace dp {
+namespace {
+
+using test::Golden;
+
+// The packed tensors of one kind ("param" or "buffer"): name -> [offset, numel) in the flat
+// datasets, in the generator's (sorted) order.
+struct Packed {
+  std::vector<std::string> names;
+  std::vector<int64_t> offsets, sizes;
+  Packed(const Golden& g, const std::string& kind) {
+    std::istringstream in(g.attr_string("", kind + "_names"));
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) names.push_back(line);
+    sizes = g.read_int(kind + "_sizes");
+    int64_t at = 0;
+    for (int64_t s : sizes) offsets.push_back(at), at += s;
+  }
+};
+
+// Copies golden tensors into the store (every name must match, both ways) or compares them.
+void load(const Packed& p, const std::vector<float>& flat, ParamStore& store) {
+  ASSERT_EQ(p.names.size(), store.views().size()) << "tensor count differs from the reference";
+  for (size_t i = 0; i < p.names.size(); ++i) {
+    const ParamView* v = store.find(p.names[i]);
+    ASSERT_NE(v, nullptr) << "dptrain has no tensor named " << p.names[i];
+    ASSERT_EQ(v->numel, p.sizes[i]) << p.names[i];
+    std::copy_n(flat.data() + p.offsets[i], v->numel, v->value);
+  }
+}
+
+void compare(const std::string& what, const Packed& p, const std::vector<float>& flat,
+             const ParamStore& store, bool grads, double tol) {
+  for (size_t i = 0; i < p.names.size(); ++i) {
+    const ParamView* v = store.find(p.names[i]);
+    ASSERT_NE(v, nullptr) << p.names[i];
+    Golden::expect_close(what + "/" + p.names[i], grads ? v->grad : v->value,
+                         flat.data() + p.offsets[i], size_t(v->numel), tol);
+  }
+}
+
+void run_model_golden(const std::string& file, double tol = 1e-4) {
+  Golden g(std::string(DP_GOLDEN_DIR) + "/" + file);
+  auto be = make_cpu_backend();
+  ModelConfig cfg;
+  cfg.name = g.attr_string("", "model");
+  cfg.width_divisor = int(g.attr_int("", "width_divisor"));
+  cfg.deconv = g.attr_int("", "deconv") != 0;
+  cfg.dropout = 0.0f;  // the reference ran without dropout (random masks cannot be compared)
+  auto m = make_model(cfg, *be);
+  const auto in_shape = g.shape("input");
+  const int n = int(in_shape[0]), h = int(in_shape[1]), w = int(in_shape[2]);
+  m->setup(n, h, w);
+  const Packed params(g, "param"), buffers(g, "buffer");
+  load(params, g.read("params"), m->params());
+  load(buffers, g.read("buffers"), m->buffers());
+
+  const std::vector<float> x = g.read("input"), t = g.read("target");
+  m->set_training(true);
+  const float* logits = m->forward(x.data(), n);
+  const int64_t count = int64_t(t.size());
+  g.expect_close("logits", std::vector<float>(logits, logits + count), tol);
+  std::vector<float> diff(t.size());
+  const double loss =
+      be->bce_with_logits(count, logits, t.data(), 1.0f, 1.0f / float(count), diff.data()) /
+      double(count);
+  std::printf("[golden] %-44s %.8f vs %.8f\n", (file + " loss").c_str(), loss,
+              g.attr_double("", "loss"));
+  EXPECT_NEAR(loss, g.attr_double("", "loss"), tol * g.attr_double("", "loss"));
+  m->backward(diff.data());
+  compare("grads", params, g.read("grads"), m->params(), true, tol);
+  compare("buffers_after", buffers, g.read("buffers_after"), m->buffers(), false, tol);
+  if (g.attr_int("", "has_step") != 0) {
+    const float lr = float(g.attr_double("", "lr"));
+    Sgd sgd(m->params(), *be,
+            {lr, float(g.attr_double("", "momentum")), float(g.attr_double("", "weight_decay"))});
+    sgd.step(lr);
+    compare("params_after", params, g.read("params_after"), m->params(), false, tol);
+  }
+}
+
+TEST(GoldenModels, UNet16) {
+  run_model_golden("unet16_w32.h5");
+}
+TEST(GoldenModels, UNet16Deconv) {
+  run_model_golden("unet16_deconv_w32.h5");
+}
+TEST(GoldenModels, UNetResNet34) {
+  run_model_golden("unet_resnet34_w32.h5");
+}
+TEST(GoldenModels, UNetResNet101) {
+  run_model_golden("unet_resnet101_w32.h5");
+}
+
+}  // namespace
+}  // namespace dp
