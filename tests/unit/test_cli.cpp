@@ -42,7 +42,9 @@ TEST_F(Cli, BadOptionValueIsOneLineAndExit2) {
   EXPECT_EQ(count(u.output, "dptrain: error:"), 1) << u.output;
   const auto m = test::run_command(dptrain(1, common() + " --model unet99"));
   EXPECT_EQ(m.status, 2) << m.output;
-  EXPECT_NE(m.output.find("unknown --model 'unet99' (known: unet16)"), std::string::npos)
+  EXPECT_NE(
+      m.output.find("unknown --model 'unet99' (known: unet16, unet_resnet34, unet_resnet101)"),
+      std::string::npos)
       << m.output;
 }
 
