@@ -47,6 +47,7 @@ void write_meta(h5::Location& root, const CheckpointMeta& m) {
   root.set_attr("step", m.step);
   root.set_attr("model", m.model);
   root.set_attr("width_divisor", m.width_divisor);
+  root.set_attr("deconv", m.deconv);
   root.set_attr("height", m.height);
   root.set_attr("width", m.width);
   root.set_attr("world_size", m.world_size);
@@ -71,6 +72,7 @@ CheckpointMeta read_meta(const h5::Location& root) {
   m.step = root.attr_int("step");
   m.model = root.attr_string("model");
   m.width_divisor = root.attr_int("width_divisor");
+  m.deconv = root.has_attr("deconv") ? root.attr_int("deconv") : 0;
   m.height = root.attr_int("height");
   m.width = root.attr_int("width");
   m.world_size = root.attr_int("world_size");

@@ -175,20 +175,8 @@ def model_golden(path, name, n, size, deconv=False, d=32, lr=0.01, momentum=0.9,
     model = models.make(name, width_divisor=d, is_deconv=deconv).to(torch.float64)
     if hasattr(model, "dropout_2d"):
         model.dropout_2d = 0.0  # random masks cannot be compared; dropout is tested on its own
-    # At width 1/32 some layers have one or two channels, and PyTorch's default init leaves most
-    # ReLUs dead (zero gradients would make the golden test say little). He-uniform weights and
-    # positive biases keep every layer alive; the values are float32-representable.
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if p.dim() > 1:
-                fan_in = p[0].numel() if not pname.endswith("block.1.weight") else p.size(0) * 16
-                bound = (6.0 / fan_in) ** 0.5
-                p.uniform_(-bound, bound)
-            elif pname.endswith("bias"):
-                p.uniform_(0.05, 0.3)
-            else:  # batch-norm weight
-                p.uniform_(0.5, 1.5)
-            p.copy_(p.to(torch.float32).to(torch.float64))
+    # At width 1/32 some layers have one or two channels: keep every layer alive.
+    models.lively_init(model)
     params = canonical_tensors(model, "param")
     buffers = canonical_tensors(model, "buffer")
     before = {k: plain(v) for k, v in params.items()}

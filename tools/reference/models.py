@@ -227,3 +227,19 @@ def make(name, width_divisor=1, is_deconv=False):
     if name == "unet_resnet101":
         return UNetResNet(101, is_deconv=is_deconv, width_divisor=width_divisor)
     raise ValueError(f"unknown model {name}")
+
+
+def lively_init(model):
+    """He-uniform weights and positive biases: at small widths PyTorch's default init leaves
+    many ReLUs dead (zero gradients, constant logits), which would make comparisons say little.
+    Values are float32-representable."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() > 1:
+                bound = (6.0 / p[0].numel()) ** 0.5  # p[0].numel() is PyTorch's fan_in
+                p.uniform_(-bound, bound)
+            elif name.endswith("bias"):
+                p.uniform_(0.05, 0.3)
+            else:  # batch-norm weight
+                p.uniform_(0.5, 1.5)
+            p.copy_(p.to(torch.float32).to(p.dtype))

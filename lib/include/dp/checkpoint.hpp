@@ -19,6 +19,7 @@ struct CheckpointMeta {
   int64_t step = 0;   // optimizer steps taken
   std::string model;
   int64_t width_divisor = 1;
+  int64_t deconv = 0;  // decoder with transposed convolutions
   int64_t height = 0, width = 0;
   int64_t world_size = 1;
   int64_t global_batch = 0;
