@@ -252,11 +252,11 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void dropout2d_forward(const Dims& d, float p, uint64_t seed, const float* src, float* mask,
-                         float* dst) override {
+  void dropout2d_forward(const Dims& d, float p, const uint64_t* seeds, const float* src,
+                         float* mask, float* dst) override {
     const float keep_scale = 1.0f / (1.0f - p);
     for (int n = 0; n < d.n; ++n) {
-      Rng rng(key(seed, uint64_t(n)));
+      Rng rng(seeds[n]);
       for (int k = 0; k < d.c; ++k) mask[n * d.c + k] = rng.uniform() < p ? 0.0f : keep_scale;
     }
     apply_channel_mask(d, mask, src, dst);

@@ -205,6 +205,14 @@ void Model::setup(int max_batch, int height, int width) {
   param_scratch_ = Buffer(static_cast<size_t>(2 * aligned(largest_param)) * sizeof(float));
   bn_sums_.assign(2 * size_t(max_channels) + 1, 0.0);
   bn_var_.assign(size_t(max_channels), 0.0f);
+  dropout_seeds_.resize(size_t(max_batch));
+  op_seeds_.resize(size_t(max_batch));
+  for (int i = 0; i < max_batch; ++i) dropout_seeds_[size_t(i)] = key(0, i);
+}
+
+void Model::set_dropout_seeds(const uint64_t* seeds, int n) {
+  DP_CHECK(n <= max_batch_, "set_dropout_seeds: ", n, " seeds for a batch of at most ", max_batch_);
+  std::copy(seeds, seeds + n, dropout_seeds_.begin());
 }
 
 int64_t Model::activation_bytes() const {
@@ -272,8 +280,9 @@ const float* Model::forward(const float* input, int n) {
         break;
       case OpKind::kDropout:
         if (training_ && op.p > 0) {
-          backend_.dropout2d_forward(dims(op.in0, n), op.p, key(dropout_seed_, uint64_t(op.out)),
-                                     a.v, op.saved.f32(), out.v);
+          for (int i = 0; i < n; ++i) op_seeds_[size_t(i)] = key(dropout_seeds_[size_t(i)], op.out);
+          backend_.dropout2d_forward(dims(op.in0, n), op.p, op_seeds_.data(), a.v, op.saved.f32(),
+                                     out.v);
         } else {
           backend_.copy(dims(op.in0, n).numel(), a.v, out.v);
         }

@@ -92,7 +92,8 @@ TEST(Models, DropoutOnlyInTrainingAndSeeded) {
   for (auto& v : x) v = rng.uniform(-1, 1);
   auto run = [&](bool training, uint64_t seed) {
     m->set_training(training);
-    m->set_dropout_seed(seed);
+    const uint64_t seeds[2] = {key(seed, 0), key(seed, 1)};
+    m->set_dropout_seeds(seeds, 2);
     const float* y = m->forward(x.data(), 2);
     return std::vector<float>(y, y + 2 * 64 * 64);
   };

@@ -99,8 +99,8 @@ class Backend {
                            float* dst) = 0;
 
   // Channel dropout (PyTorch dropout2d): each (sample, channel) is zeroed with probability p,
-  // kept ones are scaled by 1 / (1 - p). The mask [n, c] is a function of `seed` only.
-  virtual void dropout2d_forward(const Dims& d, float p, uint64_t seed, const float* src,
+  // kept ones are scaled by 1 / (1 - p). Sample i's mask row is a function of seeds[i] only.
+  virtual void dropout2d_forward(const Dims& d, float p, const uint64_t* seeds, const float* src,
                                  float* mask, float* dst) = 0;
   virtual void dropout2d_backward(const Dims& d, const float* mask, const float* diff_dst,
                                   float* diff_src) = 0;

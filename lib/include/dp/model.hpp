@@ -64,8 +64,9 @@ class Model {
   // Evaluation: running statistics, no dropout.
   void set_training(bool training) { training_ = training; }
   bool training() const { return training_; }
-  // Seed of the dropout masks of the next forward (e.g. a function of seed and global step).
-  void set_dropout_seed(uint64_t seed) { dropout_seed_ = seed; }
+  // Dropout seeds of the samples of the next forward (n values, e.g. key(seed, epoch, sample
+  // index): then masks do not depend on how samples are spread over ranks and batches).
+  void set_dropout_seeds(const uint64_t* seeds, int n);
   // Sync-BN: when set, batch-norm sums (and the element count, the last entry) are passed to this
   // function to be summed over all ranks, in forward and in backward, in the same order everywhere.
   using StatReducer = std::function<void(double* sums, size_t count)>;
@@ -134,7 +135,7 @@ class Model {
   int input_ = -1, output_ = -1;
   int max_batch_ = 0, height_ = 0, width_ = 0, batch_ = 0;
   bool training_ = true;
-  uint64_t dropout_seed_ = 0;
+  std::vector<uint64_t> dropout_seeds_, op_seeds_;  // per sample; per sample for one op
   StatReducer stat_reducer_;
   Buffer scratch_;        // for gradients that must be added to a partial sum
   Buffer param_scratch_;  // GradMode::kAccumulate: an op's parameter gradients before the addition
