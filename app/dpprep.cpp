@@ -1,12 +1,17 @@
-// dpprep: prepares dataset v1 files (subcommand `synth`; `build` and `info` are to follow).
+// dpprep: prepares dataset v1 files (`build` from image folders, `info`, `synth`).
+#include <unistd.h>
 #include <boost/program_options.hpp>
 
 #include <charconv>
+#include <chrono>
+#include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <iomanip>
 #include <iostream>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -14,6 +19,7 @@
 
 #include "dp/dataset.hpp"
 #include "dp/error.hpp"
+#include "dp/prepare.hpp"
 #include "dp/synth.hpp"
 
 namespace po = boost::program_options;
@@ -23,7 +29,8 @@ namespace {
 constexpr int kExitOk = 0;
 constexpr int kExitRuntime = 1;
 constexpr int kExitUsage = 2;
-constexpr int kMaxSide = 16384;  // px: larger images are surely a typo
+constexpr int kExitSignalBase = 128;  // exit code of a run stopped by signal s: 128 + s
+constexpr int kMaxSide = 16384;       // px: larger images are surely a typo
 constexpr const char* kProgram = "dpprep";
 constexpr int kCommandColumn = 10;  // width of the command names in --help
 
@@ -31,6 +38,96 @@ constexpr int kCommandColumn = 10;  // width of the command names in --help
 class UsageError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// Set by SIGINT/SIGTERM; the progress callback turns it into an exception, so the dataset writer
+// removes its temporary file on the way out.
+volatile std::sig_atomic_t g_signal = 0;
+
+extern "C" void on_signal(int sig) {
+  g_signal = sig;
+}
+
+class Interrupted : public std::runtime_error {
+ public:
+  explicit Interrupted(int sig)
+      : std::runtime_error(dp::str_cat("interrupted by signal ", sig, "; nothing was written")),
+        signal_(sig) {}
+  int signal() const { return signal_; }
+
+ private:
+  int signal_;
+};
+
+void catch_interrupts() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+// Progress of a long phase: a bar redrawn in place when stdout is a terminal, otherwise a plain
+// line every tenth (only for runs long enough to need it).
+class Progress {
+ public:
+  Progress() : tty_(::isatty(STDOUT_FILENO) == 1) {}
+  ~Progress() { end_line(); }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  void operator()(const char* phase, int64_t done, int64_t total) {
+    if (g_signal != 0) throw Interrupted(g_signal);
+    if (phase != phase_) {
+      end_line();
+      phase_ = phase;
+      start_ = Clock::now();
+      shown_ = -1;
+    }
+    const int64_t step = total > 0 ? done * kSteps / total : kSteps;
+    if (step == shown_) return;
+    shown_ = step;
+    const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    const double rate = seconds > 0 ? static_cast<double>(done) / seconds : 0.0;
+    if (tty_) {
+      const int filled = static_cast<int>(step * kBarWidth / kSteps);
+      // The rate settles after a moment; before that it would be noise.
+      const std::string rate_text =
+          seconds >= kMinRateSeconds ? dp::str_cat(static_cast<int64_t>(rate), " img/s") : "";
+      std::printf("\r%-13s [%s%s] %lld/%lld %5.1f%% %-12s", phase,
+                  std::string(static_cast<size_t>(filled), '#').c_str(),
+                  std::string(static_cast<size_t>(kBarWidth - filled), '.').c_str(),
+                  static_cast<long long>(done), static_cast<long long>(total),
+                  100.0 * static_cast<double>(step) / kSteps, rate_text.c_str());
+      std::fflush(stdout);
+      open_line_ = true;
+    } else if (total >= kMinTotalForLines && step % (kSteps / kLines) == 0 && step > 0) {
+      std::printf("%s: %s %lld/%lld (%.0f%%, %.0f img/s)\n", kProgram, phase,
+                  static_cast<long long>(done), static_cast<long long>(total),
+                  100.0 * static_cast<double>(step) / kSteps, rate);
+      std::fflush(stdout);
+    }
+  }
+
+  void end_line() {
+    if (!open_line_) return;
+    std::printf("\n");
+    std::fflush(stdout);
+    open_line_ = false;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr int64_t kSteps = 1000;  // resolution of the bar (per mille)
+  static constexpr int kBarWidth = 30;
+  static constexpr int64_t kLines = 10;  // plain lines per phase
+  static constexpr int64_t kMinTotalForLines = 200;
+  static constexpr double kMinRateSeconds = 0.2;
+  bool tty_;
+  bool open_line_ = false;
+  std::string phase_;
+  Clock::time_point start_;
+  int64_t shown_ = -1;
 };
 
 // One subcommand: its name, a one-line summary for `dpprep --help` and its entry point, which
@@ -67,13 +164,18 @@ void parse_size(const std::string& text, int& height, int& width) {
 }
 
 // Parses `args` against `desc`; returns false (after printing help) if --help was given.
+// `operand` (optional) names a hidden option that takes the first word that is not an option.
 bool parse_args(const std::vector<std::string>& args, const po::options_description& desc,
-                po::variables_map& vm, const char* usage) {
+                po::variables_map& vm, const char* usage, const char* operand = nullptr) {
   // Words that are not options are collected under a hidden name and reported.
   constexpr const char* kStray = "stray-arguments";
   po::options_description all;
   all.add(desc).add_options()(kStray, po::value<std::vector<std::string>>());
   po::positional_options_description positional;
+  if (operand != nullptr) {
+    all.add_options()(operand, po::value<std::string>());
+    positional.add(operand, 1);
+  }
   positional.add(kStray, -1);
   po::store(po::command_line_parser(args).options(all).positional(positional).run(), vm);
   if (vm.count(kStray)) {
@@ -127,7 +229,161 @@ int run_synth(const std::vector<std::string>& args) {
   return kExitOk;
 }
 
+// "WxH" (e.g. 448x448) -> width, height, for --resize.
+void parse_resize(const std::string& text, int& width, int& height) {
+  const size_t x = text.find('x');
+  if (x == std::string::npos) {
+    throw UsageError(dp::str_cat("invalid --resize '", text, "', expected WxH (e.g. 448x448)"));
+  }
+  width = parse_number<int>(text.substr(0, x), "--resize width");
+  height = parse_number<int>(text.substr(x + 1), "--resize height");
+  if (height < 1 || width < 1 || height > kMaxSide || width > kMaxSide) {
+    throw UsageError(
+        dp::str_cat("invalid --resize '", text, "': each side must be in [1, ", kMaxSide, "]"));
+  }
+}
+
+std::string percent(int64_t part, int64_t whole) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1)
+     << (whole > 0 ? 100.0 * static_cast<double>(part) / static_cast<double>(whole) : 0.0) << "%";
+  return os.str();
+}
+
+std::string triple(const std::array<double, 3>& v) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(4) << v[0] << " " << v[1] << " " << v[2];
+  return os.str();
+}
+
+int run_build(const std::vector<std::string>& args) {
+  dp::data::BuildOptions opt;
+  std::string resize, seed = "1";
+  po::options_description desc("Options");
+  desc.add_options()("help,h", "show this help")(
+      "images", po::value<std::string>(&opt.images)->required(), "folder of images")(
+      "masks", po::value<std::string>(&opt.masks)->required(),
+      "folder of masks (paired with the images by file stem)")(
+      "out", po::value<std::string>(&opt.out)->required(), "output dataset file (HDF5, v1)")(
+      "val-fraction", po::value<double>(&opt.val_fraction)->default_value(opt.val_fraction),
+      "fraction held out for validation, stratified by whether a mask has a crack (0: none)")(
+      "val-images", po::value<std::string>(&opt.val_images),
+      "explicit validation images (with --val-masks; replaces --val-fraction)")(
+      "val-masks", po::value<std::string>(&opt.val_masks), "explicit validation masks")(
+      "seed", po::value<std::string>(&seed)->default_value(seed), "seed of the train/val split")(
+      "mask-threshold", po::value<int>(&opt.mask_threshold)->default_value(opt.mask_threshold),
+      "a mask pixel > T is a crack")(
+      "resize", po::value<std::string>(&resize),
+      "resize every pair to WxH (bilinear images, nearest masks); otherwise all images must "
+      "share one size")("skip-unpaired", po::bool_switch(&opt.skip_unpaired),
+                        "skip images without masks and masks without images (counted)")(
+      "gzip", po::value<int>(&opt.gzip_level)->default_value(opt.gzip_level),
+      "gzip level of the chunks, 0-9 (0: none; the fastest to read)");
+  po::variables_map vm;
+  if (!parse_args(args, desc, vm,
+                  "Usage: dpprep build --images DIR --masks DIR --out FILE [options]\n"
+                  "Builds a dataset v1 file from folders of JPEG/PNG images and masks (.jpg,\n"
+                  "  .jpeg, .png), paired by file stem. Masks are binarised (> threshold).")) {
+    return kExitOk;
+  }
+  if (opt.out.empty()) throw UsageError("--out must not be empty");
+  if (vm.count("val-images") != vm.count("val-masks")) {
+    throw UsageError("--val-images and --val-masks go together");
+  }
+  if (vm.count("val-images") && !vm["val-fraction"].defaulted()) {
+    throw UsageError("give either --val-fraction or --val-images/--val-masks, not both");
+  }
+  if (opt.val_fraction < 0 || opt.val_fraction >= 1) {
+    throw UsageError(dp::str_cat("--val-fraction must be in [0, 1), got ", opt.val_fraction));
+  }
+  if (opt.mask_threshold < 0 || opt.mask_threshold > 254) {
+    throw UsageError(dp::str_cat("--mask-threshold must be in [0, 254], got ", opt.mask_threshold));
+  }
+  if (opt.gzip_level < 0 || opt.gzip_level > 9) {
+    throw UsageError(dp::str_cat("--gzip must be in [0, 9], got ", opt.gzip_level));
+  }
+  if (!resize.empty()) parse_resize(resize, opt.resize_width, opt.resize_height);
+  opt.seed = parse_number<uint64_t>(seed, "--seed");
+
+  catch_interrupts();
+  Progress progress;
+  const dp::data::BuildReport r = dp::data::build_dataset(
+      opt, [&](const char* phase, int64_t done, int64_t total) { progress(phase, done, total); });
+  progress.end_line();
+  std::cout << kProgram << ": wrote " << opt.out << ": train " << r.train << " ("
+            << r.train_with_cracks << " with cracks), val " << r.val << " (" << r.val_with_cracks
+            << " with cracks), " << r.width << "x" << r.height << " (WxH)"
+            << (r.resized ? " resized" : "") << ", pos_weight " << r.pos_weight << "\n"
+            << kProgram << ": train mean " << triple(r.mean) << ", std " << triple(r.std)
+            << " (RGB)\n";
+  if (r.skipped_images + r.skipped_masks > 0) {
+    std::cout << kProgram << ": skipped " << r.skipped_images << " image(s) without a mask and "
+              << r.skipped_masks << " mask(s) without an image\n";
+  }
+  if (r.ignored_files > 0) {
+    std::cout << kProgram << ": ignored " << r.ignored_files
+              << " file(s) that are hidden or not .jpg/.jpeg/.png\n";
+  }
+  return kExitOk;
+}
+
+std::string chunk_text(const std::vector<int64_t>& chunk, const std::vector<int64_t>& sample) {
+  if (chunk.empty()) return "contiguous";
+  std::string s = "[";
+  for (size_t i = 0; i < chunk.size(); ++i) s += dp::str_cat(i ? "," : "", chunk[i]);
+  s += "]";
+  bool per_sample = chunk.size() == sample.size() + 1 && chunk[0] == 1;
+  for (size_t i = 0; per_sample && i < sample.size(); ++i) per_sample = chunk[i + 1] == sample[i];
+  return per_sample ? s + " (one per sample)" : s;
+}
+
+int run_info(const std::vector<std::string>& args) {
+  po::options_description desc("Options");
+  desc.add_options()("help,h", "show this help");
+  po::variables_map vm;
+  constexpr const char* kFile = "file";
+  if (!parse_args(args, desc, vm,
+                  "Usage: dpprep info FILE\n"
+                  "Checks a dataset v1 file (layout, attributes, every mask value) and describes "
+                  "it;\nexits non-zero with the reason if it is not a valid v1 dataset.",
+                  kFile)) {
+    return kExitOk;
+  }
+  if (!vm.count(kFile)) throw UsageError("no FILE given (usage: dpprep info FILE)");
+  const std::string path = vm[kFile].as<std::string>();
+  catch_interrupts();
+  Progress progress;
+  const dp::data::DatasetInfo info = dp::data::inspect_dataset(
+      path, [&](const char* phase, int64_t done, int64_t total) { progress(phase, done, total); });
+  progress.end_line();
+  std::cout << path << ": valid dataset (format " << info.format << ")\n"
+            << "  pos_weight  " << info.pos_weight
+            << " (background / crack pixels over the training masks)\n";
+  if (info.has_stats) {
+    std::cout << "  mean (RGB)  " << triple(info.mean) << "\n  std (RGB)   " << triple(info.std)
+              << "\n";
+  } else {
+    std::cout << "  mean, std   absent (--normalize dataset is not available)\n";
+  }
+  for (const dp::data::SplitInfo& s : info.splits) {
+    std::cout << "  " << s.name << ": " << s.count << " samples of " << s.height << "x" << s.width
+              << " (HxW); " << s.with_cracks << " (" << percent(s.with_cracks, s.count)
+              << ") with cracks; crack pixels " << percent(s.crack_pixels, s.pixels) << "\n"
+              << "    images uint8 [" << s.count << "," << s.height << "," << s.width
+              << ",3] chunks " << chunk_text(s.image_chunk, {s.height, s.width, 3}) << ", gzip "
+              << (s.gzip_level > 0 ? std::to_string(s.gzip_level) : std::string("none")) << "\n"
+              << "    masks  uint8 [" << s.count << "," << s.height << "," << s.width << "] chunks "
+              << chunk_text(s.mask_chunk, {s.height, s.width}) << "\n";
+  }
+  for (const auto& [name, value] : info.attributes) {
+    std::cout << "  " << name << " = " << value << "\n";
+  }
+  return kExitOk;
+}
+
 const Command kCommands[] = {
+    {"build", "build a dataset from folders of JPEG/PNG images and masks", run_build},
+    {"info", "check a dataset file and describe it", run_info},
     {"synth", "write a synthetic crack dataset", run_synth},
 };
 
@@ -163,6 +419,9 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const Interrupted& e) {
+    std::cerr << kProgram << ": error: " << e.what() << "\n";
+    return kExitSignalBase + e.signal();
   } catch (const UsageError& e) {
     std::cerr << kProgram << ": error: " << e.what() << "\n";
     return kExitUsage;

@@ -6,6 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   openmpi-bin libopenmpi-dev
   libhdf5-dev hdf5-tools
+  libturbojpeg0-dev libpng-dev
   libboost-program-options-dev
   libdnnl-dev ocl-icd-opencl-dev
   libgtest-dev

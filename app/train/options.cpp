@@ -6,7 +6,9 @@
 #include <iostream>
 #include <sstream>
 
+#include "dp/loader.hpp"
 #include "dp/model.hpp"
+#include "train/metrics.hpp"
 
 namespace dp::app {
 namespace po = boost::program_options;
@@ -16,9 +18,18 @@ std::string TrainOptions::describe() const {
   os << "data = " << (data.empty() ? "(synthetic demo)" : data) << "\n"
      << "batch_size = " << batch_size << "\n"
      << "prefetch = " << prefetch << "\n"
+     << "workers = " << workers << "\n"
      << "augment = " << augment << "\n"
+     << "normalize = " << normalize << "\n"
+     << "cache = " << cache << "\n"
+     << "drop_last = " << drop_last << "\n"
      << "model = " << model << "\n"
      << "width_divisor = " << effective_width_divisor() << "\n"
+     << "deconv = " << deconv << "\n"
+     << "sync_bn = " << sync_bn << "\n"
+     << "dropout = " << dropout << "\n"
+     << "encoder_weights = " << encoder_weights << "\n"
+     << "init_weights = " << init_weights << "\n"
      << "epochs = " << epochs << "\n"
      << "lr = " << lr << "\n"
      << "momentum = " << momentum << "\n"
@@ -26,11 +37,19 @@ std::string TrainOptions::describe() const {
      << "lr_step = " << lr_step << "\n"
      << "lr_gamma = " << lr_gamma << "\n"
      << "threshold = " << threshold << "\n"
+     << "val_every = " << val_every << "\n"
+     << "best_metric = " << best_metric << "\n"
      << "pos_weight = " << use_pos_weight << "\n"
      << "seed = " << seed << "\n"
      << "device = " << device << "\n"
+     << "bucket_mb = " << bucket_mb << "\n"
+     << "overlap = " << overlap << "\n"
+     << "accumulation_steps = " << accumulation_steps << "\n"
+     << "allow_gpu_sharing = " << allow_gpu_sharing << "\n"
+     << "check_sync_every = " << check_sync_every << "\n"
      << "model_dir = " << model_dir << "\n"
-     << "resume = " << resume << "\n";
+     << "resume = " << resume << "\n"
+     << "report = " << report << "\n";
   return os.str();
 }
 
@@ -43,12 +62,32 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "synth-cache", po::value(&o.synth_cache), "path of the cached synthetic dataset")(
       "batch-size,b", po::value(&o.batch_size)->default_value(o.batch_size),
       "images per rank per step")("prefetch", po::value(&o.prefetch)->default_value(o.prefetch),
-                                  "batches prepared ahead")("no-augment", po::bool_switch(),
-                                                            "disable random flips");
+                                  "batches prepared ahead")(
+      "workers", po::value(&o.workers)->default_value(o.workers),
+      "loader threads per rank (HDF5 reads are serialised; preparation runs in parallel)")(
+      "augment", po::value(&o.augment)->default_value(o.augment),
+      "training augmentation: none, flips (h/v), or full (flips, 90-degree rotations of square "
+      "images, brightness/contrast jitter)")(
+      "normalize", po::value(&o.normalize)->default_value(o.normalize),
+      "input normalisation: imagenet (mean/std) or dataset (the file's own mean/std)")(
+      "cache", po::bool_switch(&o.cache),
+      "keep each rank's shard in memory after the first epoch (shards are then fixed; the order "
+      "within a shard is reshuffled every epoch)")(
+      "drop-last", po::bool_switch(&o.drop_last),
+      "no padding of the last global batch: every step has the full batch");
   po::options_description model("Model");
-  model.add_options()("model", po::value(&o.model)->default_value(o.model), "network: unet16")(
+  model.add_options()("model", po::value(&o.model)->default_value(o.model),
+                      "network: unet16, unet_resnet34 or unet_resnet101")(
       "width-divisor", po::value(&o.width_divisor),
-      "divide every channel count by D (default 1; 8 for the synthetic demo)");
+      "divide every channel count by D (default 1; 8 for the synthetic demo)")(
+      "deconv", po::bool_switch(&o.deconv), "decoder upsamples by transposed convolutions")(
+      "sync-bn", po::bool_switch(&o.sync_bn), "batch-norm statistics over all ranks")(
+      "dropout", po::value(&o.dropout)->default_value(o.dropout),
+      "dropout2d probability before the final layer of the ResNet UNets (training only)")(
+      "encoder-weights", po::value(&o.encoder_weights),
+      "pretrained encoder (tools/export_torchvision.py) for a fresh run")(
+      "init-weights", po::value(&o.init_weights),
+      "whole-model weights (tools/pt_to_h5.py, or a checkpoint) for a fresh run");
   po::options_description optim("Optimisation");
   optim.add_options()("epochs", po::value(&o.epochs)->default_value(o.epochs),
                       "epochs to train in total")("lr", po::value(&o.lr)->default_value(o.lr),
@@ -66,21 +105,44 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "stop each epoch after N steps (-1: all)");
   po::options_description exec("Execution");
   exec.add_options()("device", po::value(&o.device)->default_value(o.device), "auto, cpu or cuda");
+  po::options_description dist("Distribution");
+  dist.add_options()("bucket-mb", po::value(&o.bucket_mb)->default_value(o.bucket_mb),
+                     "gradient all-reduce bucket size in MiB (the first bucket is 1 MiB)")(
+      "no-overlap", po::bool_switch(), "all-reduce gradients after backward, not during it")(
+      "accumulation-steps", po::value(&o.accumulation_steps)->default_value(1),
+      "micro-batches of --batch-size per optimiser step (one all-reduce per step)")(
+      "allow-gpu-sharing", po::bool_switch(&o.allow_gpu_sharing),
+      "allow more ranks per node than visible GPUs")(
+      "check-sync-every", po::value(&o.check_sync_every)->default_value(0),
+      "compare a hash of the parameters over ranks every N steps (0: never)");
+  // Benchmark-only switches: parsed, not shown by --help.
+  po::options_description hidden("Hidden");
+  hidden.add_options()("bench-skip-allreduce", po::bool_switch(&o.bench_skip_allreduce),
+                       "benchmarks: skip the gradient all-reduce (ranks diverge)");
   po::options_description out("Checkpointing and output");
   out.add_options()("model-dir", po::value(&o.model_dir)->default_value(o.model_dir),
                     "directory for checkpoints")(
       "resume", po::value(&o.resume)->default_value(o.resume),
-      "auto (newest model_epoch_N.h5 in --model-dir), none, or a checkpoint path")(
+      "auto (the newest checkpoint in --model-dir that verifies, mid-epoch ones included), never "
+      "(alias: none), or a checkpoint path")(
+      "val-every", po::value(&o.val_every)->default_value(o.val_every),
+      "validate every N epochs (and after the last)")(
+      "best-metric", po::value(&o.best_metric)->default_value(o.best_metric),
+      "chooses model_best.h5: valid_loss (lowest), iou or dice (highest)")(
       "log-every", po::value(&o.log_every)->default_value(o.log_every),
       "steps between progress lines")("log-all-ranks", po::bool_switch(&o.log_all_ranks),
                                       "log from every rank with a [rank r] prefix")(
+      "report", po::bool_switch(&o.report),
+      "write report.html in --model-dir after every epoch (curves, sample predictions)")(
       "help,h", "show this help");
   po::options_description all("Usage: mpirun -np N dptrain [options]");
-  all.add(data).add(model).add(optim).add(exec).add(out);
+  all.add(data).add(model).add(optim).add(exec).add(dist).add(out);
+  po::options_description parsed;
+  parsed.add(all).add(hidden);
 
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(argc, argv).options(all).run(), vm);
+    po::store(po::command_line_parser(argc, argv).options(parsed).run(), vm);
     po::notify(vm);
   } catch (const po::error& e) {
     throw UsageError(str_cat(e.what(), " (see --help)"));
@@ -89,13 +151,23 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
     if (print_help) std::cout << all << "\n";
     return std::nullopt;
   }
-  o.augment = !vm["no-augment"].as<bool>();
+  o.overlap = !vm["no-overlap"].as<bool>();
+  if (o.resume == "none") o.resume = "never";  // the older spelling
+  if (o.resume.empty()) throw UsageError("--resume must be auto, never or a checkpoint path");
 
   auto require = [](bool ok, auto&&... msg) {
     if (!ok) throw UsageError(str_cat(msg...));
   };
+  require(o.dropout >= 0 && o.dropout < 1, "--dropout must be in [0, 1), got ", o.dropout);
   require(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
   require(o.prefetch >= 1, "--prefetch must be at least 1, got ", o.prefetch);
+  constexpr int kMaxWorkers = 64;
+  require(o.workers >= 1 && o.workers <= kMaxWorkers, "--workers must be in [1, ", kMaxWorkers,
+          "], got ", o.workers);
+  require(data::augment_from_name(o.augment).has_value(),
+          "--augment must be none, flips or full, got '", o.augment, "'");
+  require(data::normalize_from_name(o.normalize).has_value(),
+          "--normalize must be imagenet or dataset, got '", o.normalize, "'");
   require(o.epochs >= 1, "--epochs must be at least 1, got ", o.epochs);
   require(o.lr > 0, "--lr must be positive, got ", o.lr);
   require(o.momentum >= 0 && o.momentum < 1, "--momentum must be in [0, 1), got ", o.momentum);
@@ -106,6 +178,13 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(o.max_steps == -1 || o.max_steps >= 1, "--max-steps must be -1 or positive, got ",
           o.max_steps);
   require(o.log_every >= 0, "--log-every must be >= 0, got ", o.log_every);
+  require(o.val_every >= 1, "--val-every must be at least 1, got ", o.val_every);
+  require(valid_best_metric(o.best_metric),
+          "--best-metric must be valid_loss, iou or dice, got '", o.best_metric, "'");
+  require(o.bucket_mb > 0, "--bucket-mb must be positive, got ", o.bucket_mb);
+  require(o.accumulation_steps >= 1, "--accumulation-steps must be at least 1, got ",
+          o.accumulation_steps);
+  require(o.check_sync_every >= 0, "--check-sync-every must be >= 0, got ", o.check_sync_every);
   require(vm.count("width-divisor") == 0 || (o.width_divisor >= 1 && 32 % o.width_divisor == 0),
           "--width-divisor must be one of 1, 2, 4, 8, 16, 32, got ", o.width_divisor);
   require(o.device == "auto" || o.device == "cpu" || o.device == "cuda",

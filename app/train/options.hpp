@@ -23,10 +23,19 @@ struct TrainOptions {
   std::string synth_cache;  // where the synthetic dataset is cached (empty = default path)
   int batch_size = 4;       // per rank
   int prefetch = 2;
-  bool augment = true;
+  int workers = 1;                     // loader threads per rank
+  std::string augment = "full";        // none | flips | full (training split only)
+  std::string normalize = "imagenet";  // imagenet | dataset (the file's mean/std attributes)
+  bool cache = false;      // keep the rank's (fixed) shard in memory after the first epoch
+  bool drop_last = false;  // no padding; the last partial batch of each rank is skipped
   // model
   std::string model = "unet16";
-  int width_divisor = 0;  // 0 = default: 8 for the synthetic demo, 1 with --data
+  int width_divisor = 0;        // 0 = default: 8 for the synthetic demo, 1 with --data
+  bool deconv = false;          // transposed-convolution decoder
+  bool sync_bn = false;         // batch-norm statistics over all ranks
+  double dropout = 0.2;         // dropout2d before the final layer (ResNet UNets)
+  std::string encoder_weights;  // pretrained encoder (fresh runs only)
+  std::string init_weights;     // whole-model weights (fresh runs only)
   // optimisation
   int epochs = 10;
   double lr = 0.05;
@@ -34,17 +43,28 @@ struct TrainOptions {
   double weight_decay = 1e-4;
   int lr_step = 30;  // epochs between x lr_gamma
   double lr_gamma = 0.1;
-  double threshold = 0.5;  // for IoU
+  double threshold = 0.5;  // for IoU, Dice, precision, recall
+  int val_every = 1;                      // epochs between validations (and the last epoch)
+  std::string best_metric = "valid_loss";  // valid_loss | iou | dice: chooses model_best.h5
   bool use_pos_weight = false;
   uint64_t seed = 42;
   int64_t max_steps = -1;  // stop each epoch after this many steps (tests, smoke runs)
   // execution
   std::string device = "auto";  // auto | cpu | cuda
+  // distribution (issue 4)
+  double bucket_mb = 25.0;            // gradient all-reduce bucket size, MiB (first bucket: 1 MiB)
+  bool overlap = true;                // all-reduce buckets during backward (--no-overlap: after it)
+  int accumulation_steps = 1;         // micro-batches per optimiser step
+  bool allow_gpu_sharing = false;     // allow more ranks on a node than visible GPUs
+  int64_t check_sync_every = 0;       // steps between parameter-hash comparisons (0: never)
+  bool bench_skip_allreduce = false;  // hidden, benchmarks only: no gradient communication
   // checkpointing and output
   std::string model_dir = "runs/dptrain";
-  std::string resume = "auto";  // auto | none | PATH
+  std::string resume = "auto";  // auto | never (alias none) | PATH
   bool log_all_ranks = false;
   int log_every = 0;  // steps between progress lines (0 = once per epoch)
+  // --report: write report.html in model_dir after every epoch (rank 0)
+  bool report = false;
 
   bool synthetic() const { return data.empty(); }
   int effective_width_divisor() const {

@@ -3,16 +3,26 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 
 #include "dp/dataset.hpp"
 #include "dp/fs.hpp"
+#include "dp/rng.hpp"
 #include "dp/sampler.hpp"
 #include "dp/synth.hpp"
+#include "dp/weights.hpp"
+#include "train/report.hpp"
+#ifdef DP_WITH_CUDA
+#include "dp/cuda/device.hpp"
+#endif
 
 namespace dp::app {
 namespace {
@@ -50,6 +60,15 @@ std::vector<double> pack(const CheckpointMeta& m) {
                         double(m.train_loss.size())};
   for (const auto* h : {&m.train_loss, &m.valid_loss, &m.valid_iou, &m.epoch_seconds})
     v.insert(v.end(), h->begin(), h->end());
+  // Mid-epoch position, best score and further histories (issue 6).
+  v.insert(v.end(),
+           {double(m.epoch_step), double(m.epoch_position), double(m.epoch_partial.size())});
+  v.insert(v.end(), m.epoch_partial.begin(), m.epoch_partial.end());
+  v.push_back(m.best_score);
+  for (const auto* h : {&m.valid_dice, &m.valid_precision, &m.valid_recall}) {
+    v.push_back(double(h->size()));
+    v.insert(v.end(), h->begin(), h->end());
+  }
   return v;
 }
 
@@ -64,13 +83,168 @@ void unpack(const std::vector<double>& v, CheckpointMeta& m) {
     h->assign(v.begin() + static_cast<ptrdiff_t>(at), v.begin() + static_cast<ptrdiff_t>(at + n));
     at += n;
   }
+  m.epoch_step = static_cast<int64_t>(v[at]);
+  m.epoch_position = static_cast<int64_t>(v[at + 1]);
+  const auto partial = static_cast<ptrdiff_t>(v[at + 2]);
+  const auto from = v.begin() + static_cast<ptrdiff_t>(at + 3);
+  m.epoch_partial.assign(from, from + partial);
+  at += 3 + size_t(partial);
+  m.best_score = v[at++];
+  for (auto* h : {&m.valid_dice, &m.valid_precision, &m.valid_recall}) {
+    const auto count = static_cast<size_t>(v[at++]);
+    h->assign(v.begin() + static_cast<ptrdiff_t>(at),
+              v.begin() + static_cast<ptrdiff_t>(at + count));
+    at += count;
+  }
 }
 
 double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// The shape of one training epoch, the same on every rank and computed without communication.
+// Rank q visits positions q, q+W, ... < N of the epoch's global order (DistributedSampler
+// without padding), then padding up to `per_rank` samples so that every rank takes the same
+// number of steps with the same batch sizes; --max-steps may cut every rank's list to the same
+// length. Padding samples are computed but carry no weight (no loss, gradient or metrics), so a
+// step's weight is its number of real samples over all ranks and the result does not depend on
+// the world size.
+struct EpochPlan {
+  int64_t dataset = 0;   // N
+  int world = 1;         // W
+  int64_t per_rank = 0;  // samples every rank visits, padding included
+  int batch = 1;
+  int accumulation = 1;  // micro-batches per optimiser step
+
+  int64_t micro_steps() const { return (per_rank + batch - 1) / batch; }
+  int64_t steps() const { return (micro_steps() + accumulation - 1) / accumulation; }
+  int batch_size(int64_t micro) const {
+    return int(std::min<int64_t>(batch, per_rank - micro * batch));
+  }
+  int64_t real_samples(int q) const {
+    return std::min(per_rank, q < dataset ? (dataset - q + world - 1) / world : 0);
+  }
+  int real_in_batch(int q, int64_t micro) const {
+    return int(std::clamp<int64_t>(real_samples(q) - micro * batch, 0, batch_size(micro)));
+  }
+  // Real samples over all ranks in optimiser step `step` (at least 1: never all padding).
+  int64_t step_samples(int64_t step) const {
+    int64_t total = 0;
+    const int64_t end = std::min(micro_steps(), (step + 1) * accumulation);
+    for (int64_t m = step * accumulation; m < end; ++m)
+      for (int q = 0; q < world; ++q) total += real_in_batch(q, m);
+    return std::max<int64_t>(total, 1);
+  }
+};
+
+// Metrics of a split from its reduced sums (loss, pixels) and counts (TP, FP, FN, samples).
+EpochMetrics epoch_metrics(const double* sums, const int64_t* counts) {
+  EpochMetrics m;
+  const Confusion c{counts[0], counts[1], counts[2]};
+  m.loss = sums[0] / std::max(1.0, sums[1]);
+  m.iou = c.iou();
+  m.dice = c.dice();
+  m.precision = c.precision();
+  m.recall = c.recall();
+  m.samples = counts[3];
+  return m;
+}
+
+// The --best-metric value of an epoch, oriented so that lower is better.
+double best_key(const std::string& metric, const EpochMetrics& m) {
+  if (metric == "iou") return -m.iou;
+  if (metric == "dice") return -m.dice;
+  return m.loss;
+}
+
+// A mid-epoch checkpoint's epoch_partial: loss, pixels, TP, FP, FN, samples, seconds.
+constexpr size_t kPartialSums = 7;
+
+// DP_TEST_FAIL_AT="R:S": rank R throws during optimiser step S of the run (1-based), after its
+// forward pass, while its peers wait in that step's gradient all-reduce. For the failure tests
+// (tests/unit/test_failure.cpp); unset in normal runs.
+constexpr const char* kFailAtVariable = "DP_TEST_FAIL_AT";
+
+// DP_TEST_PREEMPT_AT="R:S": rank R raises SIGUSR1 after optimiser step S of the run (1-based),
+// before the step's preemption agreement (tests/mpi/test_resume_mpi.cpp, tests/unit/test_cli.cpp).
+constexpr const char* kPreemptAtVariable = "DP_TEST_PREEMPT_AT";
+
+void parse_fail_at(int& rank, int64_t& step, const char* variable = kFailAtVariable) {
+  const char* v = std::getenv(variable);
+  if (v == nullptr || *v == '\0') return;
+  long long s = 0;
+  char extra = 0;
+  if (std::sscanf(v, "%d:%lld%c", &rank, &s, &extra) != 2 || rank < 0 || s < 1)
+    throw UsageError(str_cat(variable, " must be RANK:STEP with STEP >= 1, got '", v, "'"));
+  step = s;
+}
+
+// This rank's samples for epoch `epoch` from position `position` of the epoch's global order on
+// (0, or where a mid-epoch checkpoint stopped). Rank q takes positions position+q, +W, ... of the
+// order (a function of seed and epoch alone), so a resume on another world size continues the
+// same order; then the padding (repeating the rank's first sample of the epoch, zero weight) or
+// the --drop-last cut. --cache pins each rank's shard (reshuffled within it every epoch), so there
+// the rank skips its own first position/W samples (same world size only, checked on resume).
+std::vector<int64_t> epoch_indices(const TrainOptions& o, int64_t dataset, int rank, int world,
+                                   int64_t epoch, int64_t position) {
+  const size_t batch = size_t(o.batch_size);
+  std::vector<int64_t> indices;
+  if (o.cache) {
+    data::DistributedSampler sampler(dataset, rank, world,
+                                     {.shuffle = true,
+                                      .pad = false,
+                                      .drop_last = o.drop_last,
+                                      .seed = o.seed,
+                                      .fixed_shard = true});
+    indices = sampler.indices(epoch);
+    const int64_t padded = (dataset + world - 1) / world;
+    if (o.drop_last)
+      indices.resize(indices.size() / batch * batch);
+    else if (dataset > 0)
+      indices.resize(size_t(padded), indices.empty() ? 0 : indices.front());
+    const auto skip = std::min(indices.size(), size_t(position / world));
+    indices.erase(indices.begin(), indices.begin() + static_cast<ptrdiff_t>(skip));
+    return indices;
+  }
+  const std::vector<int64_t> order =
+      data::DistributedSampler(dataset, 0, 1,
+                               {.shuffle = true, .pad = false, .drop_last = false, .seed = o.seed})
+          .indices(epoch);
+  const int64_t remaining = std::max<int64_t>(0, dataset - position);
+  const int64_t end = o.drop_last ? position + remaining / world * world : dataset;
+  for (int64_t p = position + rank; p < end; p += world) indices.push_back(order[size_t(p)]);
+  if (o.drop_last)
+    indices.resize(indices.size() / batch * batch);
+  else if (remaining > 0)
+    indices.resize(size_t((remaining + world - 1) / world), order[size_t(rank % dataset)]);
+  return indices;
+}
+
+// FNV-1a over 32-bit words: any single differing word changes the result.
+uint64_t hash_floats(const float* p, int64_t n) {
+  constexpr uint64_t kOffset = 0xcbf29ce484222325ull, kPrime = 0x100000001b3ull;
+  uint64_t h = kOffset;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, p + i, sizeof bits);
+    h = (h ^ bits) * kPrime;
+  }
+  return h;
+}
+
 }  // namespace
+
+int gpu_for_rank(int local_rank, int local_size, int visible_gpus, bool allow_sharing) {
+  DP_CHECK(visible_gpus >= 1 && local_rank >= 0 && local_rank < local_size,
+           "gpu_for_rank: local rank ", local_rank, " of ", local_size, ", ", visible_gpus,
+           " GPU(s)");
+  if (local_size > visible_gpus && !allow_sharing)
+    throw UsageError(str_cat("--device cuda: ", local_size, " ranks on this node but ",
+                             visible_gpus,
+                             " visible GPU(s); start one rank per GPU or pass "
+                             "--allow-gpu-sharing"));
+  return local_rank % visible_gpus;
+}
 
 template <typename F>
 void Trainer::collectively(F&& fn) {
@@ -115,6 +289,21 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     : opt_(std::move(options)), comm_(comm), log_(log) {
   if (opt_.device == "cuda") {
 #ifdef DP_WITH_CUDA
+    // GPU = node-local rank modulo the visible GPUs (CUDA_VISIBLE_DEVICES respected); more ranks
+    // per node than GPUs only with --allow-gpu-sharing.
+    collectively([&] {
+      const int visible = cuda::visible_device_count();
+      if (visible > 0)  // else select_device says why none is visible
+        gpu_for_rank(comm_.local_rank(), comm_.local_size(), visible, opt_.allow_gpu_sharing);
+      try {
+        const cuda::DeviceInfo d =
+            cuda::select_device(comm_.local_rank(), comm_.local_size(), opt_.allow_gpu_sharing);
+        log_.info("device: GPU ", d.ordinal, " of ", d.visible_count, " (", d.name, ", ",
+                  d.pci_bus_id, d.shared ? ", shared with other ranks" : "", ")");
+      } catch (const Error& e) {
+        throw UsageError(str_cat("--device cuda: ", e.what()));
+      }
+    });
     throw UsageError(
         "--device cuda: the CUDA backend's layers are not implemented yet in this version "
         "(only device discovery and the NCCL bootstrap are); use --device cpu");
@@ -127,6 +316,8 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
   log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN), ", omp_get_max_threads(),
             " thread(s) per rank");
   on_root("--model-dir", [&] { ensure_writable_dir(opt_.model_dir); });
+  collectively([&] { parse_fail_at(fail_rank_, fail_step_); });
+  collectively([&] { parse_fail_at(preempt_rank_, preempt_step_, kPreemptAtVariable); });
   prepare_data();
 
   collectively([&] {
@@ -135,19 +326,31 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     lo.batch_size = opt_.batch_size;
     lo.prefetch = opt_.prefetch;
     lo.seed = opt_.seed;
-    lo.augment = opt_.augment;
+    lo.workers = opt_.workers;
+    lo.augment = *data::augment_from_name(opt_.augment);
+    lo.normalize = *data::normalize_from_name(opt_.normalize);
+    lo.cache = opt_.cache;
     train_loader_ = std::make_unique<data::Loader>(data_path_, "train", lo);
-    lo.augment = false;
+    check_train_size();
+    lo.augment = data::Augment::kNone;
     if (data::Dataset::has_split(data_path_, "val"))
       val_loader_ = std::make_unique<data::Loader>(data_path_, "val", lo);
     height_ = train_loader_->height();
     width_ = train_loader_->width();
+    if (val_loader_ && (val_loader_->height() != height_ || val_loader_->width() != width_))
+      throw UsageError(str_cat("dataset '", data_path_, "': validation images are ",
+                               val_loader_->height(), "x", val_loader_->width(),
+                               " but training images are ", height_, "x", width_, " (HxW)"));
     pos_weight_ = opt_.use_pos_weight ? train_loader_->pos_weight() : 1.0f;
 
     ModelConfig mc;
     mc.name = opt_.model;
     mc.width_divisor = opt_.effective_width_divisor();
+    mc.deconv = opt_.deconv;
+    mc.dropout = float(opt_.dropout);
     model_ = make_model(mc, *backend_);
+    if (opt_.sync_bn)  // batch statistics over all ranks (forward and backward)
+      model_->set_stat_reducer([this](double* sums, size_t n) { comm_.allreduce_sum(sums, n); });
     try {
       model_->setup(opt_.batch_size, height_, width_);
     } catch (const Error& e) {
@@ -157,19 +360,62 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
         model_->params(), *backend_,
         SgdOptions{float(opt_.lr), float(opt_.momentum), float(opt_.weight_decay), false});
     diff_logits_ = Buffer(static_cast<size_t>(opt_.batch_size) * height_ * width_ * sizeof(float));
+    dropout_seeds_.resize(size_t(opt_.batch_size));
   });
   const ParamStore& ps = model_->params();
   log_.info("data: ", data_path_, ": ", train_loader_->dataset_size(), " train, ",
             val_loader_ ? val_loader_->dataset_size() : 0, " val images of ", height_, "x", width_,
             "; batch ", opt_.batch_size, " per rank, global ", opt_.batch_size * comm_.size());
+  log_.info("loader: ", opt_.workers, " worker(s), prefetch ", opt_.prefetch, ", augment ",
+            opt_.augment, ", normalize ", opt_.normalize,
+            opt_.cache
+                ? str_cat(", cache: up to ",
+                          format_mib(4.0 * height_ * width_ *
+                                     double(train_loader_->dataset_size() +
+                                            (val_loader_ ? val_loader_->dataset_size() : 0)) /
+                                     comm_.size()),
+                          " per rank after the first epoch")
+                : std::string(),
+            opt_.drop_last ? ", drop last" : "");
   log_.info("model: ", opt_.model, " (width divisor ", opt_.effective_width_divisor(), "), ",
             ps.count(), " parameters; arenas ", format_mib(3.0 * ps.arena_size() * sizeof(float)),
             " (params, grads, momentum), activations ",
             format_mib(double(model_->activation_bytes())));
+  // After every rank has agreed that set-up succeeded: the reducer duplicates the communicator.
+  mpi::ReducerOptions ro;
+  ro.bucket_mib = opt_.bucket_mb;
+  ro.overlap = opt_.overlap;
+  reducer_ = mpi::make_grad_reducer(comm_, model_->params(), ro);
+  log_.info(
+      "gradients: ",
+      opt_.bench_skip_allreduce ? "NOT reduced (--bench-skip-allreduce)" : reducer_->describe(),
+      opt_.accumulation_steps > 1
+          ? str_cat("; ", opt_.accumulation_steps, " micro-batches per step, global batch ",
+                    int64_t(opt_.batch_size) * opt_.accumulation_steps * comm_.size())
+          : std::string());
   restore_or_init();
+  if (opt_.report)
+    on_root("--report", [&] {
+      report_ = std::make_unique<TrainingReport>(
+          opt_, data_path_, val_loader_ != nullptr,
+          Normalization{train_loader_->mean(), train_loader_->std()});
+    });
 }
 
 Trainer::~Trainer() = default;
+
+void Trainer::check_train_size() const {
+  const int64_t n = train_loader_->dataset_size();
+  const int world = comm_.size();
+  if (n < world)
+    throw UsageError(str_cat("dataset '", data_path_, "': the training split has ", n,
+                             " sample(s), fewer than the ", world,
+                             " ranks; use fewer ranks or more data"));
+  if (opt_.drop_last && n / world < opt_.batch_size)
+    throw UsageError(str_cat("dataset '", data_path_, "': --drop-last with ", n,
+                             " training samples on ", world, " ranks leaves ", n / world,
+                             " per rank, less than one batch of ", opt_.batch_size));
+}
 
 void Trainer::prepare_data() {
   if (!opt_.synthetic()) {
@@ -195,19 +441,36 @@ void Trainer::restore_or_init() {
   state_ = CheckpointMeta{};
   state_.best_valid_loss = std::numeric_limits<double>::infinity();
   std::string resumed_from;
-  on_root("resume", [&] {
+  on_root("starting state", [&] {
     // A checkpoint of another model or image size is a usage error, never silently skipped.
     auto check_compatible = [&](const std::string& path, const CheckpointMeta& m) {
       if (m.model != opt_.model || m.width_divisor != opt_.effective_width_divisor() ||
-          m.height != height_ || m.width != width_)
+          m.deconv != int64_t{opt_.deconv} || m.height != height_ || m.width != width_)
         throw UsageError(str_cat("checkpoint '", path, "' is for ", m.model, " /", m.width_divisor,
                                  " on ", m.height, "x", m.width, " images, this run is ",
                                  opt_.model, " /", opt_.effective_width_divisor(), " on ", height_,
-                                 "x", width_, "; use another --model-dir or --resume none"));
+                                 "x", width_, "; use another --model-dir or --resume never"));
+    };
+    // Another world size continues the same global sample order; only a per-rank cache pins the
+    // shards, so a mid-epoch checkpoint with --cache needs the world size it was written with.
+    auto check_world = [&](const std::string& path, const CheckpointMeta& m) {
+      const int64_t global_batch = int64_t(opt_.batch_size) * comm_.size();
+      if (m.world_size != comm_.size())
+        log_.info("resuming ", path, " (", m.world_size, " rank(s)) on ", comm_.size(),
+                  " rank(s): the global sample order continues");
+      if (m.global_batch != global_batch)
+        log_.warn("global batch changes from ", m.global_batch, " (checkpoint '", path, "') to ",
+                  global_batch, " (", comm_.size(), " x ", opt_.batch_size,
+                  "); results will differ from an uninterrupted run");
+      if (m.epoch_step > 0 && opt_.cache && m.world_size != comm_.size())
+        throw UsageError(str_cat("checkpoint '", path, "' was written mid-epoch by ", m.world_size,
+                                 " rank(s); with --cache it resumes only on as many (this run has ",
+                                 comm_.size(), ")"));
     };
     if (opt_.resume == "auto") {
       // Newest first; a torn or corrupt file is reported and the next older one is tried.
-      for (const auto& [epoch, path] : list_epoch_checkpoints(opt_.model_dir)) {
+      for (const CheckpointFile& file : list_checkpoints(opt_.model_dir)) {
+        const std::string& path = file.path;
         CheckpointMeta meta;
         try {
           meta = read_checkpoint_meta(path);
@@ -216,28 +479,64 @@ void Trainer::restore_or_init() {
           continue;
         }
         check_compatible(path, meta);
+        check_world(path, meta);
         try {
-          state_ = load_checkpoint(path, ps, sgd_->momentum());
+          state_ = load_checkpoint(path, ps, sgd_->momentum(), &model_->buffers());
           resumed_from = path;
           break;
         } catch (const Error& e) {
           log_.warn("skipping unreadable checkpoint: ", e.what());
         }
       }
-    } else if (opt_.resume != "none") {
-      check_compatible(opt_.resume, read_checkpoint_meta(opt_.resume));
-      state_ = load_checkpoint(opt_.resume, ps, sgd_->momentum());
+    } else if (opt_.resume != "never") {
+      const CheckpointMeta meta = read_checkpoint_meta(opt_.resume);
+      check_compatible(opt_.resume, meta);
+      check_world(opt_.resume, meta);
+      state_ = load_checkpoint(opt_.resume, ps, sgd_->momentum(), &model_->buffers());
       resumed_from = opt_.resume;
     }
     if (resumed_from.empty()) {
       ps.init_pytorch_default(opt_.seed);
-      if (!list_epoch_checkpoints(opt_.model_dir).empty() && opt_.resume == "none")
-        log_.warn("--resume none: starting over; checkpoints in ", opt_.model_dir,
+      model_->buffers().init_pytorch_default(opt_.seed);
+      // Pretrained weights replace the initialisation: the encoder's, or the whole model's.
+      for (const auto& [file, encoder_only] :
+           {std::pair{opt_.init_weights, false}, std::pair{opt_.encoder_weights, true}}) {
+        if (file.empty()) continue;
+        const ImportReport r =
+            import_weights(file, opt_.model, ps, model_->buffers(), encoder_only);
+        log_.info(encoder_only ? "encoder" : "model", " weights from ", file, ": ", r.loaded,
+                  " tensors", r.ignored.empty() ? "" : str_cat(", ", r.ignored.size(), " ignored"));
+      }
+      if (!list_checkpoints(opt_.model_dir).empty() && opt_.resume == "never")
+        log_.warn("--resume never: starting over; checkpoints in ", opt_.model_dir,
                   " will be overwritten");
+    }
+    // Another --best-metric than the checkpoint's: the best epoch so far is chosen again from the
+    // validation histories (model_best.h5 changes at the next epoch that beats it).
+    if (!resumed_from.empty() && state_.best_metric != opt_.best_metric) {
+      const size_t n = state_.valid_loss.size();
+      const bool have = state_.valid_iou.size() == n && state_.valid_dice.size() == n;
+      log_.warn("--best-metric ", opt_.best_metric, " replaces the checkpoint's ",
+                state_.best_metric, have ? "" : " (no history of it: the best epoch starts over)");
+      state_.best_epoch = 0;
+      for (size_t e = 0; have && e < n; ++e) {
+        EpochMetrics m;
+        m.loss = state_.valid_loss[e], m.iou = state_.valid_iou[e], m.dice = state_.valid_dice[e];
+        const double k = best_key(opt_.best_metric, m);
+        if (!std::isnan(k) &&
+            (state_.best_epoch == 0 || k < best_key(opt_.best_metric, best_as_metrics()))) {
+          state_.best_epoch = int64_t(e) + 1;
+          state_.best_valid_loss = m.loss;
+          state_.best_score = higher_is_better(opt_.best_metric) ? -k : k;
+        }
+      }
+      state_.best_metric = opt_.best_metric;
     }
   });
   // Rank 0's weights, optimiser state and progress go to every rank.
   comm_.broadcast(ps.values(), size_t(ps.arena_size()) * sizeof(float), 0);
+  comm_.broadcast(model_->buffers().values(),
+                  size_t(model_->buffers().arena_size()) * sizeof(float), 0);
   comm_.broadcast(sgd_->momentum(), size_t(ps.arena_size()) * sizeof(float), 0);
   std::vector<double> packed = pack(state_);
   int64_t length = int64_t(packed.size());
@@ -246,55 +545,143 @@ void Trainer::restore_or_init() {
   comm_.broadcast(packed.data(), packed.size() * sizeof(double), 0);
   unpack(packed, state_);
   if (!resumed_from.empty())
-    log_.info("resumed from epoch ", state_.epoch, " (", resumed_from, ", step ", state_.step, ")");
+    log_.info("resumed from epoch ", state_.epoch, " (", resumed_from, ", step ", state_.step, ")",
+              state_.epoch_step > 0
+                  ? str_cat("; epoch ", state_.epoch + 1, " continues after its step ",
+                            state_.epoch_step, " (sample ", state_.epoch_position, " of its order)")
+                  : std::string());
 }
 
 EpochMetrics Trainer::train_epoch(int64_t epoch) {
+  model_->set_training(true);
   const int world = comm_.size();
-  data::DistributedSampler sampler(
-      train_loader_->dataset_size(), comm_.rank(), world,
-      {.shuffle = true, .pad = true, .drop_last = false, .seed = opt_.seed});
-  std::vector<int64_t> indices = sampler.indices(epoch);
-  if (opt_.max_steps > 0 && int64_t(indices.size()) > opt_.max_steps * opt_.batch_size)
-    indices.resize(size_t(opt_.max_steps * opt_.batch_size));
-  const int64_t steps = (int64_t(indices.size()) + opt_.batch_size - 1) / opt_.batch_size;
+  const int64_t dataset = train_loader_->dataset_size();
+  const auto t0 = Clock::now();
+  // A mid-epoch checkpoint continues its epoch after `start_step` steps, at `position` of the
+  // epoch's global order, with the epoch's partial sums (rank 0 carries them).
+  const bool resuming = epoch == state_.epoch && state_.epoch_step > 0;
+  const int64_t start_step = resuming ? state_.epoch_step : 0;
+  const int64_t position = resuming ? state_.epoch_position : 0;
+  std::vector<double> carried = resuming ? state_.epoch_partial : std::vector<double>{};
+  carried.resize(kPartialSums, 0.0);
+  // Padding keeps ranks in lock-step; --drop-last cuts every rank to whole batches instead.
+  std::vector<int64_t> indices =
+      epoch_indices(opt_, dataset, comm_.rank(), world, epoch, position);
+  const int accumulation = opt_.accumulation_steps;
+  const int64_t per_step = int64_t(opt_.batch_size) * accumulation;
+  if (opt_.max_steps > 0) {
+    const int64_t limit = std::max<int64_t>(opt_.max_steps - start_step, 1) * per_step;
+    if (int64_t(indices.size()) > limit) indices.resize(size_t(limit));
+  }
+  const EpochPlan plan{dataset - position, world, int64_t(indices.size()), opt_.batch_size,
+                       accumulation};
+  const int64_t steps = start_step + plan.steps();
   const float lr = step_lr(float(opt_.lr), epoch, opt_.lr_step, float(opt_.lr_gamma));
   const float logit_threshold = float(std::log(opt_.threshold / (1.0 - opt_.threshold)));
-  ParamStore& ps = model_->params();
+  const int64_t image_pixels = int64_t(height_) * width_;
+  float* diff = diff_logits_.f32();
 
-  // sums[0] loss, [1] pixels; counts TP, FP, FN; reduced once at the end of the epoch.
+  // sums[0] loss, [1] pixels; counts TP, FP, FN, samples; reduced once at the end of the epoch.
   double sums[2] = {0, 0};
   int64_t counts[4] = {0, 0, 0, 0};
-  train_loader_->start(std::move(indices), epoch);
-  int64_t step = 0;
-  while (const data::Batch* b = train_loader_->next()) {
-    const int64_t pixels = int64_t(b->n) * height_ * width_;
-    // The padded sampler gives every rank the same batch sizes, so the global pixel count is
-    // known without communication; each rank's loss is its sum over the global count, and the
-    // all-reduced SUM of gradients is the gradient of the global mean.
-    const float grad_scale = 1.0f / float(pixels * world);
+  if (comm_.rank() == 0) {  // the sums of the steps before a mid-epoch checkpoint
+    sums[0] = carried[0], sums[1] = carried[1];
+    for (int i = 0; i < 4; ++i) counts[i] = int64_t(carried[size_t(2 + i)]);
+  }
+  if (!indices.empty()) train_loader_->start(std::move(indices), epoch);
+  int64_t micro = 0, step = start_step;
+  double reduce_wait = 0;  // seconds in GradReducer::wait (the all-reduce not hidden by backward)
+  while (const data::Batch* b = plan.micro_steps() > 0 ? train_loader_->next() : nullptr) {
+    DP_CHECK(b->n == plan.batch_size(micro), "training batch ", micro, " has ", b->n,
+             " samples, expected ", plan.batch_size(micro));
+    const int64_t group = micro / accumulation;
+    const bool first_micro = micro % accumulation == 0;
+    const bool boundary =
+        micro % accumulation == accumulation - 1 || micro + 1 == plan.micro_steps();
+    // Each rank's loss is its sum over the global count of real pixels in this optimiser step
+    // (all micro-batches, all ranks), so the sum of the gradients over micro-batches and ranks is
+    // the gradient of the mean over the global batch, uneven last batch included.
+    const float grad_scale = 1.0f / float(plan.step_samples(group) * image_pixels);
+    const int real = plan.real_in_batch(comm_.rank(), micro);
+    const int64_t real_pixels = int64_t(real) * image_pixels;
+    // Dropout masks: a function of (seed, epoch, sample index), like the augmentation.
+    for (int i = 0; i < b->n; ++i)
+      dropout_seeds_[size_t(i)] = key(opt_.seed, uint64_t(epoch), uint64_t(b->indices[i]));
+    model_->set_dropout_seeds(dropout_seeds_.data(), b->n);
     const float* logits = model_->forward(b->images, b->n);
-    sums[0] += backend_->bce_with_logits(pixels, logits, b->masks, pos_weight_, grad_scale,
-                                         diff_logits_.f32());
-    sums[1] += double(pixels);
-    backend_->confusion_counts(pixels, logits, b->masks, logit_threshold, counts);
-    counts[3] += b->n;
-    model_->backward(diff_logits_.f32());
-    comm_.allreduce_sum(ps.grads(), size_t(ps.arena_size()));
+    sums[0] +=
+        backend_->bce_with_logits(real_pixels, logits, b->masks, pos_weight_, grad_scale, diff);
+    if (real < b->n)  // padding: zero gradient (scale 0), its loss is dropped
+      backend_->bce_with_logits(int64_t(b->n - real) * image_pixels, logits + real_pixels,
+                                b->masks + real_pixels, pos_weight_, 0.0f, diff + real_pixels);
+    sums[1] += double(real_pixels);
+    backend_->confusion_counts(real_pixels, logits, b->masks, logit_threshold, counts);
+    counts[3] += real;
+    if (boundary && comm_.rank() == fail_rank_ && state_.step + 1 == fail_step_)
+      fail(kFailAtVariable, "=", fail_rank_, ":", fail_step_, ": failing on purpose in step ",
+           fail_step_);
+    // Gradients accumulate locally over the micro-batches of a step; only the last one is
+    // all-reduced, bucket by bucket while its backward runs.
+    const bool reduce = boundary && !opt_.bench_skip_allreduce;
+    if (reduce) reducer_->begin();
+    model_->backward(diff, reduce ? reducer_.get() : nullptr,
+                     first_micro ? GradMode::kOverwrite : GradMode::kAccumulate);
+    ++micro;
+    if (!boundary) continue;
+    if (reduce) {
+      const auto waited_from = Clock::now();
+      reducer_->wait();
+      reduce_wait += seconds_since(waited_from);
+    }
     sgd_->step(lr);
     ++step;
     ++state_.step;
+    if (opt_.check_sync_every > 0 && state_.step % opt_.check_sync_every == 0) check_sync();
     if (opt_.log_every > 0 && step % opt_.log_every == 0)
       log_.info("  epoch ", epoch + 1, " step ", step, "/", steps, " loss ", sums[0] / sums[1],
                 " (rank 0)");
+    // Preemption: every rank learns at this step boundary whether any rank got a signal. The
+    // epoch's last step is not a boundary here: the epoch ends and its checkpoint serves.
+    if (comm_.rank() == preempt_rank_ && state_.step == preempt_step_) std::raise(SIGUSR1);
+    if (micro < plan.micro_steps() && agree_preemption()) {
+      train_loader_->stop();
+      comm_.allreduce_sum(sums, 2);
+      comm_.allreduce_sum(counts, 4);
+      save_mid_epoch(step, position + micro * opt_.batch_size * world,
+                     {sums[0], sums[1], double(counts[0]), double(counts[1]), double(counts[2]),
+                      double(counts[3]), carried[6] + seconds_since(t0)},
+                     lr);
+      EpochMetrics m;
+      m.preempted = true;
+      return m;
+    }
   }
+  if (world > 1 && step > start_step)
+    log_.info("  gradient all-reduce: ", fixed(1e3 * reduce_wait / double(step - start_step), 1),
+              " ms per step waited after backward (rank 0; includes waiting for slower ranks)");
   comm_.allreduce_sum(sums, 2);
   comm_.allreduce_sum(counts, 4);
-  EpochMetrics m;
-  m.loss = sums[0] / sums[1];
-  m.iou = double(counts[0]) / std::max<double>(1.0, double(counts[0] + counts[1] + counts[2]));
-  m.samples = counts[3];
-  return m;
+  return epoch_metrics(sums, counts);
+}
+
+void Trainer::check_sync() {
+  const std::vector<ParamView>& views = model_->params().views();
+  std::vector<int64_t> mine(views.size()), root(views.size()), differ(views.size());
+  for (size_t i = 0; i < views.size(); ++i)
+    mine[i] = static_cast<int64_t>(hash_floats(views[i].value, views[i].numel));
+  root = mine;
+  comm_.broadcast(root.data(), root.size() * sizeof(int64_t), 0);
+  for (size_t i = 0; i < views.size(); ++i) differ[i] = mine[i] != root[i] ? 1 : 0;
+  comm_.allreduce_sum(differ.data(), differ.size());
+  const auto first = std::find_if(differ.begin(), differ.end(), [](int64_t d) { return d > 0; });
+  if (first == differ.end()) return;
+  const int64_t tensors =
+      std::count_if(differ.begin(), differ.end(), [](int64_t d) { return d > 0; });
+  const ParamView& v = views[size_t(first - differ.begin())];
+  throw AgreedFailure(str_cat("parameters out of sync after step ", state_.step, ": '", v.name,
+                              "' differs from rank 0's on ", *first, " of ", comm_.size(),
+                              " rank(s) (", tensors, " tensor(s) differ)"),
+                      1, comm_.rank() == 0);
 }
 
 EpochMetrics Trainer::validate() {
@@ -305,6 +692,7 @@ EpochMetrics Trainer::validate() {
   const float logit_threshold = float(std::log(opt_.threshold / (1.0 - opt_.threshold)));
   double sums[2] = {0, 0};
   int64_t counts[4] = {0, 0, 0, 0};
+  model_->set_training(false);  // running batch-norm statistics, no dropout
   val_loader_->start(sampler.indices(0), 0);
   while (const data::Batch* b = val_loader_->next()) {
     const int64_t pixels = int64_t(b->n) * height_ * width_;
@@ -317,10 +705,7 @@ EpochMetrics Trainer::validate() {
   }
   comm_.allreduce_sum(sums, 2);
   comm_.allreduce_sum(counts, 4);
-  m.loss = sums[0] / std::max(1.0, sums[1]);
-  m.iou = double(counts[0]) / std::max<double>(1.0, double(counts[0] + counts[1] + counts[2]));
-  m.samples = counts[3];
-  return m;
+  return epoch_metrics(sums, counts);
 }
 
 void Trainer::save_epoch(const EpochMetrics& train, const EpochMetrics& valid, double seconds,
@@ -329,31 +714,84 @@ void Trainer::save_epoch(const EpochMetrics& train, const EpochMetrics& valid, d
   state_.train_loss.push_back(train.loss);
   state_.valid_loss.push_back(valid.loss);
   state_.valid_iou.push_back(valid.iou);
+  state_.valid_dice.push_back(valid.dice);
+  state_.valid_precision.push_back(valid.precision);
+  state_.valid_recall.push_back(valid.recall);
   state_.epoch_seconds.push_back(seconds);
-  // Without a validation split the best model is chosen by the training loss.
-  const double score = val_loader_ ? valid.loss : train.loss;
-  const bool best = score < state_.best_valid_loss;
+  // The best epoch by --best-metric among validated ones (`valid` NaN: not validated); without a
+  // validation split, by the same metric on the training split.
+  const EpochMetrics& judged = val_loader_ ? valid : train;
+  const double key = best_key(opt_.best_metric, judged);
+  const bool best = !std::isnan(key) &&
+                    (state_.best_epoch == 0 || key < best_key(opt_.best_metric, best_as_metrics()));
   if (best) {
-    state_.best_valid_loss = score;
+    state_.best_valid_loss = judged.loss;
+    state_.best_score = higher_is_better(opt_.best_metric) ? -key : key;
     state_.best_epoch = state_.epoch;
   }
+  state_.epoch_step = 0;  // an epoch boundary
+  state_.epoch_position = 0;
+  state_.epoch_partial.clear();
+  stamp_state(lr);
+  on_root("writing checkpoint", [&] {
+    const std::filesystem::path dir(opt_.model_dir);
+    save_checkpoint((dir / epoch_checkpoint_name(state_.epoch)).string(), model_->params(),
+                    sgd_->momentum(), state_, &model_->buffers());
+    if (best)
+      save_checkpoint((dir / kBestCheckpointName).string(), model_->params(), sgd_->momentum(),
+                      state_, &model_->buffers());
+    // Mid-epoch checkpoints older than this one have served their purpose.
+    for (const CheckpointFile& f : list_checkpoints(opt_.model_dir))
+      if (f.step > 0 && f.epoch < state_.epoch) std::filesystem::remove(f.path);
+  });
+}
+
+EpochMetrics Trainer::best_as_metrics() const {
+  EpochMetrics m;
+  m.loss = m.iou = m.dice = state_.best_score;
+  return m;
+}
+
+void Trainer::stamp_state(float lr) {
+  state_.best_metric = opt_.best_metric;
   state_.model = opt_.model;
   state_.width_divisor = opt_.effective_width_divisor();
+  state_.deconv = opt_.deconv;
   state_.height = height_;
   state_.width = width_;
   state_.world_size = comm_.size();
   state_.global_batch = int64_t(opt_.batch_size) * comm_.size();
   state_.seed = int64_t(opt_.seed);
   state_.lr = lr;
-  state_.options = opt_.describe();
+  // With the input statistics, so that dppredict normalises exactly as training did.
+  state_.options =
+      opt_.describe() + describe_normalization({train_loader_->mean(), train_loader_->std()});
+}
+
+bool Trainer::agree_preemption() {
+  int64_t signalled = preemption_signal() != 0 ? 1 : 0;
+  comm_.allreduce_sum(&signalled, 1);  // one tiny all-reduce per optimiser step
+  if (signalled > 0)
+    log_.info("preemption: SIGTERM/SIGUSR1 received by ", signalled, " of ", comm_.size(),
+              " rank(s); stopping after step ", state_.step);
+  return signalled > 0;
+}
+
+void Trainer::save_mid_epoch(int64_t step_in_epoch, int64_t position, std::vector<double> partial,
+                             float lr) {
+  state_.epoch_step = step_in_epoch;
+  state_.epoch_position = position;
+  state_.epoch_partial = std::move(partial);
+  stamp_state(lr);
+  const std::string path = (std::filesystem::path(opt_.model_dir) /
+                            mid_epoch_checkpoint_name(state_.epoch, step_in_epoch))
+                               .string();
   on_root("writing checkpoint", [&] {
-    const std::filesystem::path dir(opt_.model_dir);
-    save_checkpoint((dir / epoch_checkpoint_name(state_.epoch)).string(), model_->params(),
-                    sgd_->momentum(), state_);
-    if (best)
-      save_checkpoint((dir / kBestCheckpointName).string(), model_->params(), sgd_->momentum(),
-                      state_);
+    save_checkpoint(path, model_->params(), sgd_->momentum(), state_, &model_->buffers());
   });
+  log_.info("preempted in epoch ", state_.epoch + 1, " after step ", step_in_epoch, " (",
+            state_.step, " in all): wrote ", path, "; exiting with ", kExitPreempted,
+            " (resumable: rerun the same command)");
 }
 
 int Trainer::run() {
@@ -367,20 +805,60 @@ int Trainer::run() {
             opt_.model_dir);
   for (int64_t epoch = state_.epoch; epoch < opt_.epochs; ++epoch) {
     const auto t0 = Clock::now();
+    // Seconds spent in this epoch before a mid-epoch checkpoint it resumes from.
+    const double carried = epoch == state_.epoch && state_.epoch_partial.size() == kPartialSums
+                               ? state_.epoch_partial.back()
+                               : 0.0;
     const float lr = step_lr(float(opt_.lr), epoch, opt_.lr_step, float(opt_.lr_gamma));
     const EpochMetrics train = train_epoch(epoch);
-    const double train_seconds = seconds_since(t0);
-    const EpochMetrics valid = validate();
-    const double seconds = seconds_since(t0);
+    if (train.preempted) return kExitPreempted;
+    const double train_seconds = seconds_since(t0) + carried;
+    // --val-every: validate every N epochs and after the last; NaN metrics otherwise.
+    const bool validating = (epoch + 1) % opt_.val_every == 0 || epoch + 1 == opt_.epochs;
+    EpochMetrics valid;
+    if (validating) {
+      valid = validate();
+    } else {
+      valid.loss = valid.iou = valid.dice = valid.precision = valid.recall =
+          std::numeric_limits<double>::quiet_NaN();
+    }
+    const double seconds = seconds_since(t0) + carried;
     save_epoch(train, valid, seconds, lr);
+    if (report_)  // rank 0; a report that cannot be written is a warning
+      report_->update(*model_, state_, lr, double(train.samples) / train_seconds, log_);
+    const double images_per_s = double(train.samples) / train_seconds;
+    if (comm_.rank() == 0) {  // a row that cannot be written is a warning
+      try {
+        // Opened at the first finished epoch (a failed start leaves no file); it keeps the rows
+        // of the epochs done before this one, so a resumed run continues it.
+        if (!metrics_csv_) metrics_csv_ = std::make_unique<MetricsCsv>(opt_.model_dir, epoch);
+        metrics_csv_->append({epoch + 1, lr, train.loss, valid.loss, valid.iou, valid.dice,
+                              valid.precision, valid.recall, images_per_s, seconds});
+      } catch (const std::exception& e) {
+        log_.warn(e.what());
+      }
+    }
     log_.info("epoch ", epoch + 1, "/", opt_.epochs, "  lr ", lr, "  train_loss ",
-              fixed(train.loss, 4), "  valid_loss ", fixed(valid.loss, 4), "  valid_iou ",
-              fixed(valid.iou, 4), "  ", fixed(seconds, 1), " s  ",
-              fixed(double(train.samples) / train_seconds, 1), " img/s",
+              fixed(train.loss, 4),
+              validating ? str_cat("  valid_loss ", fixed(valid.loss, 4), "  valid_iou ",
+                                   fixed(valid.iou, 4), "  dice ", fixed(valid.dice, 4),
+                                   "  precision ", fixed(valid.precision, 4), "  recall ",
+                                   fixed(valid.recall, 4))
+                         : std::string("  (not validated)"),
+              "  ", fixed(seconds, 1), " s  ", fixed(images_per_s, 1), " img/s",
               state_.best_epoch == state_.epoch ? "  *best" : "");
+    // A signal during validation or the checkpoint: the epoch checkpoint is the resume point.
+    if (epoch + 1 < opt_.epochs && agree_preemption()) {
+      log_.info("preempted after epoch ", epoch + 1, ": resumable from ", opt_.model_dir, "/",
+                epoch_checkpoint_name(state_.epoch), "; exiting with ", kExitPreempted);
+      return kExitPreempted;
+    }
   }
-  log_.info("done: best epoch ", state_.best_epoch, " (loss ", fixed(state_.best_valid_loss, 4),
-            "), ", opt_.model_dir, "/", kBestCheckpointName);
+  log_.info(
+      "done: best epoch ", state_.best_epoch, " (", opt_.best_metric, " ",
+      fixed(state_.best_score, 4),
+      opt_.best_metric == "valid_loss" ? "" : str_cat(", loss ", fixed(state_.best_valid_loss, 4)),
+      "), ", opt_.model_dir, "/", kBestCheckpointName);
   return 0;
 }
 

@@ -7,13 +7,18 @@
 #include "dp/backend.hpp"
 #include "dp/checkpoint.hpp"
 #include "dp/comm.hpp"
+#include "dp/grad_reducer.hpp"
 #include "dp/loader.hpp"
 #include "dp/log.hpp"
 #include "dp/model.hpp"
 #include "dp/optim.hpp"
 #include "train/options.hpp"
+#include "train/metrics.hpp"
+#include "train/signals.hpp"
 
 namespace dp::app {
+
+class TrainingReport;  // train/report.hpp
 
 // An error that every rank has agreed on (see Trainer::collectively): the rank that saw it
 // reports it and every rank exits with `exit_code`, without MPI_Abort.
@@ -29,10 +34,16 @@ class AgreedFailure : public Error {
   bool report_;
 };
 
+// The GPU a rank uses with --device cuda: its node-local rank modulo the visible GPUs (>= 1).
+// More ranks on the node than visible GPUs is a UsageError unless allow_sharing.
+int gpu_for_rank(int local_rank, int local_size, int visible_gpus, bool allow_sharing);
+
 struct EpochMetrics {
   double loss = 0;  // mean per pixel, from sums over all ranks
   double iou = 0;   // TP / (TP + FP + FN) over the whole split
+  double dice = 0, precision = 0, recall = 0;  // likewise from the reduced counts
   int64_t samples = 0;
+  bool preempted = false;  // training only: stopped mid-epoch by a signal (checkpoint written)
 };
 
 class Trainer {
@@ -42,12 +53,16 @@ class Trainer {
   Trainer(TrainOptions options, Comm& comm, Logger log);
   ~Trainer();
 
-  // Trains the remaining epochs, validating and checkpointing after each. Returns 0.
+  // Trains the remaining epochs, validating and checkpointing after each. Returns 0, or
+  // kExitPreempted after a SIGTERM/SIGUSR1 once the resumable checkpoint is written.
   int run();
 
   // Pieces of run(), public for tests.
   EpochMetrics train_epoch(int64_t epoch);
   EpochMetrics validate();
+  // --check-sync-every: compares a hash of every parameter tensor with rank 0's; on a mismatch
+  // every rank throws AgreedFailure naming the first tensor (declaration order) that differs.
+  void check_sync();
   Model& model() { return *model_; }
   const CheckpointMeta& state() const { return state_; }
   int64_t start_epoch() const { return state_.epoch; }
@@ -55,8 +70,19 @@ class Trainer {
 
  private:
   void prepare_data();
+  // Usage errors: fewer training samples than ranks; --drop-last leaving no full batch.
+  void check_train_size() const;
   void restore_or_init();
   void save_epoch(const EpochMetrics& train, const EpochMetrics& valid, double seconds, float lr);
+  // The stored best score as metrics (every field = best_score), for best_key().
+  EpochMetrics best_as_metrics() const;
+  // Fills the configuration fields of state_ (model, sizes, world, options) before a save.
+  void stamp_state(float lr);
+  // Preemption (issue 6): true on every rank when a signal reached any rank (one all-reduce).
+  bool agree_preemption();
+  // Rank 0 writes model_epoch_<E>_step_<S>.h5; `partial` holds the epoch's reduced sums so far.
+  void save_mid_epoch(int64_t step_in_epoch, int64_t position, std::vector<double> partial,
+                      float lr);
   // Runs `fn` on rank 0 only; every rank learns whether it succeeded (no rank waits forever).
   template <typename F>
   void on_root(const char* what, F&& fn);
@@ -72,11 +98,23 @@ class Trainer {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Sgd> sgd_;
+  std::unique_ptr<mpi::GradReducer> reducer_;  // sums gradients over ranks during backward
+  // DP_TEST_FAIL_AT=rank:step (tests of the failure semantics): that rank throws in that step.
+  int fail_rank_ = -1;
+  int64_t fail_step_ = -1;
+  // SIGTERM/SIGUSR1 -> flag, while the trainer lives; DP_TEST_PREEMPT_AT=rank:step raises SIGUSR1
+  // on that rank after that optimiser step of the run (tests).
+  PreemptionHandlers preemption_;
+  int preempt_rank_ = -1;
+  int64_t preempt_step_ = -1;
   std::unique_ptr<data::Loader> train_loader_, val_loader_;
   Buffer diff_logits_;
+  std::vector<uint64_t> dropout_seeds_;  // one per sample of a batch, sized once
   float pos_weight_ = 1.0f;
   int height_ = 0, width_ = 0;
   CheckpointMeta state_;  // epochs done, steps, best, history
+  std::unique_ptr<TrainingReport> report_;  // --report, rank 0 only
+  std::unique_ptr<MetricsCsv> metrics_csv_;  // rank 0 only
 };
 
 }  // namespace dp::app

@@ -3,6 +3,9 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <optional>
@@ -20,6 +23,9 @@ constexpr int kChannels = 3;
 constexpr int kMaxGzip = 9;
 constexpr const char* kFormatAttr = "format";
 constexpr const char* kPosWeightAttr = "pos_weight";
+constexpr const char* kMeanAttr = "mean";
+constexpr const char* kStdAttr = "std";
+constexpr double kMaxByte = 255.0;
 
 std::string images_path(const std::string& split) {
   return split + "/images";
@@ -76,6 +82,11 @@ Dataset::Dataset(const std::string& path, const std::string& split) : path_(path
            images_->name(), "' has shape ", shape_str(is), ", expected [N,H,W,3]");
   DP_CHECK(ms.size() == 3, "dataset '", masks_->name(), "' has shape ", shape_str(ms),
            ", expected [N,H,W]");
+  DP_CHECK(ms[0] == is[0], "'", path, "': split '", split, "' has ", is[0], " images but ", ms[0],
+           " masks ('", images_->name(), "' ", shape_str(is), ", '", masks_->name(), "' ",
+           shape_str(ms), ")");
+  DP_CHECK(is[0] > 0, "'", path, "': split '", split, "' is empty ('", images_->name(),
+           "' has shape ", shape_str(is), ")");
   DP_CHECK(ms[0] == is[0] && ms[1] == is[1] && ms[2] == is[2], "dataset '", masks_->name(),
            "' has shape ", shape_str(ms), ", expected [", is[0], ",", is[1], ",", is[2],
            "] to match '", images_->name(), "' ", shape_str(is));
@@ -92,6 +103,22 @@ Dataset::Dataset(const std::string& path, const std::string& split) : path_(path
   DP_CHECK(pw > 0 && pw <= std::numeric_limits<float>::max(), "'", path, "': root attribute '",
            kPosWeightAttr, "' is ", pw, ", expected a positive number");
   pos_weight_ = static_cast<float>(pw);
+
+  has_stats_ = file_->has_attr(kMeanAttr) && file_->has_attr(kStdAttr);
+  if (has_stats_) {
+    const std::vector<double> mean = file_->attr_doubles(kMeanAttr);
+    const std::vector<double> stdev = file_->attr_doubles(kStdAttr);
+    DP_CHECK(mean.size() == kChannels && stdev.size() == kChannels, "'", path,
+             "': root attributes '", kMeanAttr, "' and '", kStdAttr, "' must have ", kChannels,
+             " values each, found ", mean.size(), " and ", stdev.size());
+    for (int c = 0; c < kChannels; ++c) {
+      DP_CHECK(mean[c] >= 0 && mean[c] <= 1 && stdev[c] > 0 && stdev[c] <= 1, "'", path,
+               "': channel ", c, " has mean ", mean[c], " and std ", stdev[c],
+               ", expected mean in [0, 1] and std in (0, 1]");
+      mean_[c] = static_cast<float>(mean[c]);
+      std_[c] = static_cast<float>(stdev[c]);
+    }
+  }
 }
 
 Dataset::~Dataset() = default;
@@ -100,13 +127,20 @@ Dataset& Dataset::operator=(Dataset&&) noexcept = default;
 
 bool Dataset::has_split(const std::string& path, const std::string& split) {
   h5::File file(path, h5::Mode::kRead);
-  return file.exists(images_path(split)) && file.exists(masks_path(split));
+  return file.exists(split);
 }
 
 void Dataset::read(int64_t index, uint8_t* image, uint8_t* mask) const {
   DP_CHECK(index >= 0 && index < size_, "sample index ", index, " out of range [0, ", size_,
            ") for split '", split_, "' of '", path_, "'");
   images_->read_rows(index, 1, image);
+  masks_->read_rows(index, 1, mask);
+  check_mask(mask, static_cast<int64_t>(height_) * width_, masks_->name(), index);
+}
+
+void Dataset::read_mask(int64_t index, uint8_t* mask) const {
+  DP_CHECK(index >= 0 && index < size_, "sample index ", index, " out of range [0, ", size_,
+           ") for split '", split_, "' of '", path_, "'");
   masks_->read_rows(index, 1, mask);
   check_mask(mask, static_cast<int64_t>(height_) * width_, masks_->name(), index);
 }
@@ -122,6 +156,9 @@ struct DatasetWriter::Impl {
     std::vector<uint8_t> written;       // per sample: 1 once written
     std::vector<int64_t> crack_pixels;  // per sample (train only: for pos_weight)
   };
+
+  // Exact integer sums over the train images, per channel: sum of values and of squares.
+  std::array<uint64_t, kChannels> sum{}, sum_sq{};
 
   std::string path, tmp_path;
   int height = 0, width = 0;
@@ -206,6 +243,15 @@ void DatasetWriter::write(const std::string& split, int64_t index, const uint8_t
   int64_t crack = 0;
   for (int64_t i = 0; i < pixels; ++i) crack += mask[i];
   s.crack_pixels[static_cast<size_t>(index)] = crack;
+  if (&s == &impl_->train && !s.written[static_cast<size_t>(index)]) {
+    for (int64_t i = 0; i < pixels; ++i) {
+      for (int c = 0; c < kChannels; ++c) {
+        const uint64_t v = image[i * kChannels + c];
+        impl_->sum[c] += v;
+        impl_->sum_sq[c] += v * v;
+      }
+    }
+  }
   s.written[static_cast<size_t>(index)] = 1;
 }
 
@@ -216,6 +262,12 @@ void DatasetWriter::set_attr(const std::string& name, const std::string& value) 
 }
 
 void DatasetWriter::set_attr(const std::string& name, int64_t value) {
+  DP_CHECK(!impl_->committed && impl_->file, "dataset writer for '", impl_->path,
+           "': set_attr after commit");
+  impl_->file->set_attr(name, value);
+}
+
+void DatasetWriter::set_attr(const std::string& name, double value) {
   DP_CHECK(!impl_->committed && impl_->file, "dataset writer for '", impl_->path,
            "': set_attr after commit");
   impl_->file->set_attr(name, value);
@@ -238,6 +290,19 @@ void DatasetWriter::commit() {
 
   im.file->set_attr(kFormatAttr, std::string(kDatasetFormat));
   im.file->set_attr(kPosWeightAttr, pos_weight);
+  if (total > 0) {
+    std::vector<double> mean(kChannels), stdev(kChannels);
+    const auto n = static_cast<double>(total);
+    for (int c = 0; c < kChannels; ++c) {
+      mean[c] = static_cast<double>(im.sum[c]) / n;
+      const double var = static_cast<double>(im.sum_sq[c]) / n - mean[c] * mean[c];
+      // A constant channel has std 0; store one grey level instead, so normalising stays finite.
+      stdev[c] = std::max(std::sqrt(std::max(var, 0.0)), 1.0) / kMaxByte;
+      mean[c] /= kMaxByte;
+    }
+    im.file->set_attr(kMeanAttr, mean);
+    im.file->set_attr(kStdAttr, stdev);
+  }
   im.file->flush();
   im.close();
   commit_file(im.tmp_path, im.path);  // fsync, rename, fsync the directory

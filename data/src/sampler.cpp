@@ -9,6 +9,23 @@
 
 namespace dp::data {
 
+namespace {
+
+// Stream tags that keep the fixed-shard permutations apart from the per-epoch ones.
+constexpr uint64_t kShardStream = 0x5348415244ull;          // "SHARD"
+constexpr uint64_t kWithinShardStream = 0x57495448494eull;  // "WITHIN"
+
+// Fisher-Yates with the platform-independent generator: a function of `stream` only.
+void shuffle(std::vector<int64_t>& v, uint64_t stream) {
+  Rng rng(stream);
+  for (auto i = static_cast<int64_t>(v.size()) - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)));
+    std::swap(v[static_cast<size_t>(i)], v[static_cast<size_t>(j)]);
+  }
+}
+
+}  // namespace
+
 DistributedSampler::DistributedSampler(int64_t dataset_size, int rank, int world_size,
                                        Options options)
     : n_(dataset_size), rank_(rank), world_(world_size), opt_(options) {
@@ -33,13 +50,10 @@ int64_t DistributedSampler::num_samples() const {
 std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   std::vector<int64_t> order(static_cast<size_t>(n_));
   std::iota(order.begin(), order.end(), int64_t{0});
-  if (opt_.shuffle && n_ > 1) {
-    // Fisher-Yates with the platform-independent generator: a function of (seed, epoch) only.
-    Rng rng(key(opt_.seed, static_cast<uint64_t>(epoch)));
-    for (int64_t i = n_ - 1; i > 0; --i) {
-      const auto j = static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)));
-      std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
-    }
+  const bool fixed = opt_.fixed_shard && opt_.shuffle;
+  // The global order is a function of (seed, epoch); with fixed shards, of the seed only.
+  if (opt_.shuffle) {
+    shuffle(order, fixed ? key(opt_.seed, kShardStream) : key(opt_.seed, uint64_t(epoch)));
   }
   const int64_t total = total_size();
   std::vector<int64_t> mine;
@@ -48,6 +62,7 @@ std::vector<int64_t> DistributedSampler::indices(int64_t epoch) const {
   // the padding is longer than N); drop_last and validation never reach past N.
   for (int64_t p = rank_; p < total; p += world_)
     mine.push_back(order[static_cast<size_t>(p % n_)]);
+  if (fixed) shuffle(mine, key(opt_.seed, uint64_t(epoch), kWithinShardStream, uint64_t(rank_)));
   return mine;
 }
 

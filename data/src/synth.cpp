@@ -26,8 +26,9 @@ constexpr float kMaxByte = 255.0f;
 // i).
 constexpr uint64_t kTrainStream = 0;
 constexpr uint64_t kValStream = 1;
-// Bumped whenever the generator's output changes, so stale cached files are regenerated.
-constexpr int64_t kSynthVersion = 1;
+// Bumped whenever the generator's output changes, so stale cached files are regenerated
+// (2: files carry the train images' mean and std attributes).
+constexpr int64_t kSynthVersion = 2;
 
 // Background texture.
 constexpr int kOctaves = 4;

@@ -61,6 +61,14 @@ void write_meta(h5::Location& root, const CheckpointMeta& m) {
   root.set_attr("history_valid_loss", m.valid_loss);
   root.set_attr("history_valid_iou", m.valid_iou);
   root.set_attr("history_epoch_seconds", m.epoch_seconds);
+  root.set_attr("best_metric", m.best_metric);
+  root.set_attr("best_score", m.best_score);
+  root.set_attr("history_valid_dice", m.valid_dice);
+  root.set_attr("history_valid_precision", m.valid_precision);
+  root.set_attr("history_valid_recall", m.valid_recall);
+  root.set_attr("epoch_step", m.epoch_step);
+  root.set_attr("epoch_position", m.epoch_position);
+  root.set_attr("epoch_partial", m.epoch_partial);
 }
 
 CheckpointMeta read_meta(const h5::Location& root) {
@@ -86,6 +94,20 @@ CheckpointMeta read_meta(const h5::Location& root) {
   m.valid_loss = root.attr_doubles("history_valid_loss");
   m.valid_iou = root.attr_doubles("history_valid_iou");
   m.epoch_seconds = root.attr_doubles("history_epoch_seconds");
+  // Absent in older files: best by valid_loss, no further metrics, an epoch boundary.
+  m.best_score = m.best_valid_loss;
+  if (root.has_attr("best_metric")) {
+    m.best_metric = root.attr_string("best_metric");
+    m.best_score = root.attr_double("best_score");
+    m.valid_dice = root.attr_doubles("history_valid_dice");
+    m.valid_precision = root.attr_doubles("history_valid_precision");
+    m.valid_recall = root.attr_doubles("history_valid_recall");
+  }
+  if (root.has_attr("epoch_step")) {
+    m.epoch_step = root.attr_int("epoch_step");
+    m.epoch_position = root.attr_int("epoch_position");
+    m.epoch_partial = root.attr_doubles("epoch_partial");
+  }
   return m;
 }
 
@@ -218,6 +240,28 @@ std::vector<std::pair<int64_t, std::string>> list_epoch_checkpoints(const std::s
       found.emplace_back(std::stoll(m[1].str()), entry.path().string());
   }
   std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  return found;
+}
+
+std::string mid_epoch_checkpoint_name(int64_t epoch, int64_t step) {
+  return "model_epoch_" + std::to_string(epoch) + "_step_" + std::to_string(step) + ".h5";
+}
+
+std::vector<CheckpointFile> list_checkpoints(const std::string& dir) {
+  std::vector<CheckpointFile> found;
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) return found;
+  static const std::regex pattern(R"(model_epoch_(\d+)(?:_step_(\d+))?\.h5)");
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && std::regex_match(name, m, pattern))
+      found.push_back({std::stoll(m[1].str()), m[2].matched ? std::stoll(m[2].str()) : 0,
+                       entry.path().string()});
+  }
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return std::pair(a.epoch, a.step) > std::pair(b.epoch, b.step);
+  });
   return found;
 }
 

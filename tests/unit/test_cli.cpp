@@ -81,6 +81,34 @@ TEST_F(Cli, UnwritableModelDirAndCudaWithoutBackend) {
   EXPECT_NE(c.output.find("--device cuda"), std::string::npos) << c.output;
 }
 
+TEST_F(Cli, InitAndEncoderWeightsFromACheckpoint) {
+  // A checkpoint of one run initialises another (whole model), or just its encoder.
+  auto r = test::run_command(dptrain(1, common() + " --epochs 1"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string ckpt = dir_.file("run/model_epoch_1.h5");
+  r = test::run_command(dptrain(2, "--data " + data_ + " --width-divisor 16 --batch-size 2 " +
+                                       "--epochs 1 --model-dir " + dir_.file("init") +
+                                       " --init-weights " + ckpt));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("model weights from " + ckpt + ": 50 tensors"), std::string::npos)
+      << r.output;
+  r = test::run_command(dptrain(2, "--data " + data_ + " --width-divisor 16 --batch-size 2 " +
+                                       "--epochs 1 --model-dir " + dir_.file("enc") +
+                                       " --encoder-weights " + ckpt));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("encoder weights from " + ckpt + ": 26 tensors"), std::string::npos)
+      << r.output;
+  // Another width: the first mismatching tensor is named, one line, exit 1.
+  r = test::run_command(dptrain(2, "--data " + data_ + " --width-divisor 8 --batch-size 2 " +
+                                       "--epochs 1 --model-dir " + dir_.file("bad") +
+                                       " --encoder-weights " + ckpt));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_EQ(count(r.output, "dptrain: error:"), 1) << r.output;
+  EXPECT_NE(r.output.find("'conv1.0.bias' has shape [4] but unet16's conv1.0.bias is [8]"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(Cli, TrainsCheckpointsResumesAndFinishes) {
   auto r = test::run_command(dptrain(2, common() + " --epochs 1"));
   ASSERT_EQ(r.status, 0) << r.output;

@@ -516,7 +516,7 @@ dp::data::LoaderOptions loader_options(int batch, int prefetch, bool augment, ui
   dp::data::LoaderOptions o;
   o.batch_size = batch;
   o.prefetch = prefetch;
-  o.augment = augment;
+  o.augment = augment ? dp::data::Augment::kFlips : dp::data::Augment::kNone;
   o.seed = seed;
   return o;
 }
@@ -556,7 +556,8 @@ TEST(Loader, YieldsAllIndicesInOrderNormalised) {
         for (int y = 0; y < h; ++y) {
           for (int x = 0; x < w; ++x) {
             for (int c = 0; c < 3; ++c) {
-              const float want = (pixel_value(i, y, x, c) / 255.0f - opt.mean[c]) / opt.std[c];
+              const float want = (pixel_value(i, y, x, c) / 255.0f - dp::data::kImagenetMean[c]) /
+                                 dp::data::kImagenetStd[c];
               EXPECT_NEAR(b->images[((k * h + y) * w + x) * 3 + c], want, 1e-5f);
             }
             EXPECT_EQ(b->masks[(k * h + y) * w + x], static_cast<float>(mask_value(i, y, x)));

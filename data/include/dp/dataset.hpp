@@ -1,9 +1,11 @@
 // Dataset format v1 (HDF5): reader of one split and a writer, with validation of the layout.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace dp::h5 {
 class File;
@@ -14,9 +16,13 @@ namespace dp::data {
 
 inline constexpr const char* kDatasetFormat = "dp-crack-v1";
 
+// Per-channel (R, G, B) statistics of the training images, in units of pixel / 255.
+using ChannelStats = std::array<float, 3>;
+
 // One split ("train" or "val") of a dataset v1 file:
-//   /<split>/images uint8 [N,H,W,3], /<split>/masks uint8 [N,H,W] with values {0,1};
-//   root attributes format = "dp-crack-v1", pos_weight (float).
+//   /<split>/images uint8 [N,H,W,3], /<split>/masks uint8 [N,H,W] with values {0,1}, N >= 1;
+//   root attributes format = "dp-crack-v1", pos_weight (float); optional mean and std (3 floats
+//   each, the training images' per-channel statistics).
 // The constructor validates the layout and throws dp::Error naming the file, the object and what
 // was expected. Not thread-safe by itself: all HDF5 access is serialised by dp::h5::mutex().
 class Dataset {
@@ -26,22 +32,31 @@ class Dataset {
   Dataset(Dataset&&) noexcept;
   Dataset& operator=(Dataset&&) noexcept;
 
+  // True if the file has the group /<split> (whose layout the constructor then checks: a
+  // broken split is an error, never silently ignored).
   static bool has_split(const std::string& path, const std::string& split);
 
   int64_t size() const { return size_; }
   int height() const { return height_; }
   int width() const { return width_; }
   float pos_weight() const { return pos_weight_; }
+  bool has_stats() const { return has_stats_; }  // the file has mean and std attributes
+  const ChannelStats& mean() const { return mean_; }
+  const ChannelStats& std() const { return std_; }
   const std::string& path() const { return path_; }
   const std::string& split() const { return split_; }
   // Reads sample `index` (reads only that sample's chunk): image H*W*3, mask H*W (0/1).
   void read(int64_t index, uint8_t* image, uint8_t* mask) const;
+  // Reads only the mask of sample `index` (checked to be 0/1).
+  void read_mask(int64_t index, uint8_t* mask) const;
 
  private:
   std::string path_, split_;
   int64_t size_ = 0;
   int height_ = 0, width_ = 0;
   float pos_weight_ = 1.0f;
+  bool has_stats_ = false;
+  ChannelStats mean_{}, std_{};
   std::unique_ptr<h5::File> file_;
   std::unique_ptr<h5::Dataset> images_, masks_;
 };
@@ -60,8 +75,10 @@ class DatasetWriter {
   // Extra root attributes (e.g. the generator's parameters).
   void set_attr(const std::string& name, const std::string& value);
   void set_attr(const std::string& name, int64_t value);
-  // Computes pos_weight from the written train masks (background / crack pixels), writes the
-  // attributes, flushes, closes, fsyncs and renames into place.
+  void set_attr(const std::string& name, double value);
+  // Computes pos_weight from the written train masks (background / crack pixels) and the train
+  // images' per-channel mean and std, writes the attributes, flushes, closes, fsyncs and renames
+  // into place.
   void commit();
 
  private:

@@ -1,9 +1,12 @@
-// Loader: reads this rank's samples of one split in a background thread into pre-allocated batches.
+// Loader: background workers read this rank's samples of one split and prepare batches ahead.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dp::data {
@@ -17,23 +20,49 @@ struct Batch {
   const int64_t* indices = nullptr;  // dataset index of each sample
 };
 
+// Augmentation, a function of (seed, epoch, dataset index) only:
+//   kFlips: horizontal and vertical flips, each with probability 1/2;
+//   kFull:  flips, a rotation by a uniform multiple of 90 degrees (square images only), then
+//           brightness and contrast jitter (factors uniform in [0.8, 1.2], as torchvision's
+//           ColorJitter(0.2, 0.2): x*b, then blended with the mean grey level, clamped to
+//           [0, 255]); masks get the same flips and rotation.
+enum class Augment { kNone, kFlips, kFull };
+// Normalisation statistics: ImageNet's (what the reference's pretrained encoders expect) or the
+// dataset's own (root attributes mean and std of the training images, see dataset.hpp).
+enum class Normalize { kImagenet, kDataset };
+
+inline constexpr std::array<float, 3> kImagenetMean = {0.485f, 0.456f, 0.406f};
+inline constexpr std::array<float, 3> kImagenetStd = {0.229f, 0.224f, 0.225f};
+
+std::optional<Augment> augment_from_name(std::string_view name);  // "none", "flips", "full"
+const char* augment_name(Augment a);
+std::optional<Normalize> normalize_from_name(std::string_view name);  // "imagenet", "dataset"
+const char* normalize_name(Normalize n);
+
 struct LoaderOptions {
   int batch_size = 4;
-  int prefetch = 2;      // batches prepared ahead of the consumer
-  bool augment = false;  // random flips, a function of (seed, epoch, sample index) only
+  int prefetch = 2;  // batches prepared ahead of the consumer
+  int workers = 1;   // threads reading (HDF5 reads serialised) and preparing samples
+  Augment augment = Augment::kNone;
+  Normalize normalize = Normalize::kImagenet;
+  bool cache = false;      // keep each sample read (uint8) in memory for later epochs
+  bool drop_last = false;  // skip the last batch of an epoch if it is smaller than batch_size
   uint64_t seed = 0;
-  float mean[3] = {0.485f, 0.456f, 0.406f};  // ImageNet statistics, as the reference
-  float std[3] = {0.229f, 0.224f, 0.225f};
 };
 
-// All buffers are allocated in the constructor (prefetch + 1 batches of batch_size) and reused.
+// Batch buffers (prefetch + 1 slots of batch_size) are allocated in the constructor and reused.
 // Usage per epoch: start(indices, epoch); while (const Batch* b = next()) {...}
 // next() returns nullptr at the end of the epoch; a batch stays valid until the next call.
-// Errors in the reader thread are rethrown from next() as dp::Error.
+// Each worker takes the next sample position of the epoch, so a batch is filled by several
+// workers at once and batches are still delivered in order; a sample's content depends only on
+// (seed, epoch, dataset index), not on the worker count, batch size or timing.
+// With cache, every sample is read from the file once and kept (image + mask, 4 bytes a pixel):
+// memory grows to the number of distinct indices started, so pair it with a fixed shard.
+// Errors in a worker are rethrown from next() as dp::Error.
 class Loader {
  public:
   Loader(const std::string& path, const std::string& split, LoaderOptions options);
-  ~Loader();  // stops and joins the reader thread
+  ~Loader();  // stops and joins the workers
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
@@ -41,9 +70,12 @@ class Loader {
   int height() const;
   int width() const;
   float pos_weight() const;
+  const std::array<float, 3>& mean() const;  // the normalisation in use
+  const std::array<float, 3>& std() const;
+  int64_t cached_samples() const;  // samples held in memory (0 without cache)
   void start(std::vector<int64_t> indices, int64_t epoch);
   const Batch* next();
-  void stop();  // abandons the rest of the epoch (joins the thread)
+  void stop();  // abandons the rest of the epoch (joins the workers)
 
  private:
   struct Impl;

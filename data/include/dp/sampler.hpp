@@ -11,6 +11,9 @@ namespace dp::data {
 // size, so every rank gets the same count; rank r takes positions r, r+W, r+2W, ...
 // drop_last instead truncates to a multiple of the world size. Without pad and drop_last
 // (validation) rank r takes r, r+W, ... < N, so every sample is seen exactly once overall.
+// With fixed_shard (and shuffle) the global order is the permutation of the seed alone, so each
+// rank keeps the same shard every epoch (what a per-rank cache needs), and the rank's indices
+// are reshuffled within the shard per (seed, epoch, rank). The padding and drop_last rules hold.
 class DistributedSampler {
  public:
   struct Options {
@@ -18,6 +21,7 @@ class DistributedSampler {
     bool pad = true;
     bool drop_last = false;
     uint64_t seed = 0;
+    bool fixed_shard = false;
   };
   DistributedSampler(int64_t dataset_size, int rank, int world_size, Options options);
 

@@ -25,11 +25,21 @@ struct CheckpointMeta {
   int64_t global_batch = 0;
   int64_t seed = 0;
   double lr = 0;               // learning rate of the last completed epoch
-  double best_valid_loss = 0;  // best so far, including this epoch
+  double best_valid_loss = 0;  // valid_loss of the best epoch so far, including this epoch
   int64_t best_epoch = 0;
+  std::string best_metric = "valid_loss";  // how the best epoch is chosen (valid_loss, iou, dice)
+  double best_score = 0;                   // that metric's value at the best epoch
   std::string options;  // effective configuration, one "key = value" per line
   // One entry per completed epoch.
   std::vector<double> train_loss, valid_loss, valid_iou, epoch_seconds;
+  // Also one per epoch; NaN for an epoch without validation (--val-every), like valid_loss.
+  std::vector<double> valid_dice, valid_precision, valid_recall;
+  // Mid-epoch (preemption) checkpoints: optimiser steps done in epoch `epoch` (0 = at its start),
+  // the positions of that epoch's global sample order consumed by them, and the epoch's partial
+  // training sums over all ranks (loss, pixels, TP, FP, FN, samples, seconds).
+  int64_t epoch_step = 0;
+  int64_t epoch_position = 0;
+  std::vector<double> epoch_partial;
 };
 
 // Writes atomically (temporary file, flush, fsync, rename, directory fsync). `momentum` may be
@@ -48,6 +58,16 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, floa
 // Epoch checkpoints model_epoch_<N>.h5 in `dir`, newest first (by N).
 std::vector<std::pair<int64_t, std::string>> list_epoch_checkpoints(const std::string& dir);
 std::string epoch_checkpoint_name(int64_t epoch);  // "model_epoch_<N>.h5"
+
+// Epoch and mid-epoch checkpoints (model_epoch_<N>_step_<S>.h5: N epochs and S steps of the next
+// done) in `dir`, newest first by (N, S); an epoch checkpoint has step 0.
+struct CheckpointFile {
+  int64_t epoch = 0;
+  int64_t step = 0;
+  std::string path;
+};
+std::vector<CheckpointFile> list_checkpoints(const std::string& dir);
+std::string mid_epoch_checkpoint_name(int64_t epoch, int64_t step);
 inline constexpr const char* kBestCheckpointName = "model_best.h5";
 
 }  // namespace dp

@@ -1,0 +1,105 @@
+// Parsing and validation of dppredict's options (Boost.Program_options).
+#include "predict/options.hpp"
+
+#include <boost/program_options.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "train/options.hpp"
+
+namespace dp::app {
+namespace po = boost::program_options;
+namespace {
+
+// "N" or "HxW" (pixels).
+void parse_tile(const std::string& text, int& height, int& width) {
+  int h = 0, w = 0;
+  char x = 0, extra = 0;
+  const int n = std::sscanf(text.c_str(), "%d%c%d%c", &h, &x, &w, &extra);
+  if (n == 1) {
+    w = h;
+  } else if (n != 3 || (x != 'x' && x != 'X')) {
+    throw UsageError(str_cat("--tile must be N or HxW (pixels), got '", text, "'"));
+  }
+  if (h <= 0 || w <= 0)
+    throw UsageError(str_cat("--tile sides must be positive, got '", text, "'"));
+  height = h;
+  width = w;
+}
+
+}  // namespace
+
+std::optional<PredictOptions> parse_predict_options(int argc, const char* const* argv,
+                                                    bool print_help) {
+  PredictOptions o;
+  std::string tile;
+  po::options_description in("Input");
+  in.add_options()("checkpoint,c", po::value(&o.checkpoint),
+                   "trained model: model_best.h5 or model_epoch_<N>.h5 (required)")(
+      "list", po::value(&o.list), "text file naming one image per line (# comments)")(
+      "dataset", po::value(&o.dataset),
+      "dataset v1 HDF5 file instead of images; its masks give IoU, Dice, precision, recall")(
+      "split", po::value(&o.split)->default_value(o.split), "split of --dataset: train or val");
+  po::options_description out("Output");
+  out.add_options()("out,o", po::value(&o.out),
+                    "output folder: masks/, prob/ and overlay/ (optional with --dataset)")(
+      "threshold", po::value(&o.threshold)->default_value(o.threshold),
+      "probability above which a pixel is a crack")(
+      "save-prob", po::bool_switch(&o.save_prob),
+      "also write the probability map as an 8-bit PNG (prob/)")(
+      "overlay", po::bool_switch(&o.overlay),
+      "also write the image with crack pixels tinted red (overlay/)")(
+      "quiet,q", po::bool_switch(&o.quiet), "no progress bar or progress lines");
+  po::options_description run("Inference");
+  run.add_options()("tile", po::value(&tile),
+                    "tile size N or HxW (default: the size the checkpoint was trained on)")(
+      "overlap", po::value(&o.overlap),
+      "pixels shared by neighbouring tiles (default: a quarter of the tile)")(
+      "batch-size,b", po::value(&o.batch_size)->default_value(o.batch_size),
+      "tiles per forward pass")("help,h", "show this help");
+  po::options_description hidden;
+  hidden.add_options()("input", po::value(&o.inputs)->composing(), "images or folders");
+  po::positional_options_description positional;
+  positional.add("input", -1);
+  po::options_description visible(
+      "Usage: [mpirun -np N] dppredict -c CHECKPOINT -o OUT [options] IMAGE|FOLDER...\n"
+      "       [mpirun -np N] dppredict -c CHECKPOINT --dataset FILE.h5 [--split val] [-o OUT]\n"
+      "Writes OUT/masks/<name>.png (0 or 255) for every image; the files are split across "
+      "ranks");
+  visible.add(in).add(out).add(run);
+  po::options_description all;
+  all.add(visible).add(hidden);
+
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UsageError(str_cat(e.what(), " (see --help)"));
+  }
+  if (vm.count("help")) {
+    if (print_help) std::cout << visible << "\n";
+    return std::nullopt;
+  }
+  auto require = [](bool ok, auto&&... msg) {
+    if (!ok) throw UsageError(str_cat(msg...));
+  };
+  require(!o.checkpoint.empty(), "--checkpoint is required (see --help)");
+  const bool files = !o.inputs.empty() || !o.list.empty();
+  require(files || o.from_dataset(),
+          "nothing to predict: give images or folders, --list FILE, or --dataset FILE.h5");
+  require(!(files && o.from_dataset()),
+          "give either images (folders, --list) or --dataset, not both");
+  require(o.from_dataset() || !o.out.empty(), "--out is required for images (see --help)");
+  require(o.split == "train" || o.split == "val", "--split must be train or val, got '", o.split,
+          "'");
+  require(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got ", o.threshold);
+  require(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
+  require(vm.count("overlap") == 0 || o.overlap >= 0, "--overlap must be >= 0, got ", o.overlap);
+  require(!(o.out.empty() && (o.save_prob || o.overlay)), "--save-prob and --overlay need --out");
+  if (!tile.empty()) parse_tile(tile, o.tile_height, o.tile_width);
+  return o;
+}
+
+}  // namespace dp::app

@@ -1,0 +1,335 @@
+// dppredict's work: inputs split across ranks, tiled inference, PNG outputs, metrics reduced over
+// ranks, progress on rank 0.
+#include "predict/run.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <unordered_map>
+
+#include "dp/dataset.hpp"
+#include "dp/fs.hpp"
+#include "dp/image_io.hpp"
+#include "predict/predictor.hpp"
+#include "train/options.hpp"
+#include "train/trainer.hpp"
+
+namespace dp::app {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kExitUsage = 2;
+constexpr int kExitFailure = 1;
+constexpr uint8_t kMaskOn = 255;  // crack pixels in the written masks
+constexpr float kMaxByte = 255.0f;
+// Overlay: crack pixels blended with this colour at this opacity.
+constexpr std::array<float, 3> kTint = {255.0f, 0.0f, 0.0f};
+constexpr float kTintAlpha = 0.6f;
+constexpr const char* kMaskDir = "masks";
+constexpr const char* kProbDir = "prob";
+constexpr const char* kOverlayDir = "overlay";
+
+// Rank 0's progress through its share: a bar redrawn in place on a terminal, else a plain line
+// every tenth (for shares long enough to need it).
+class Progress {
+ public:
+  Progress(bool enabled, int64_t total, int rank, int world)
+      : enabled_(enabled),
+        tty_(::isatty(STDOUT_FILENO) == 1),
+        total_(total),
+        world_(world),
+        rank_(rank),
+        start_(Clock::now()) {}
+  ~Progress() { end_line(); }
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+
+  void advance() {
+    ++done_;
+    if (!enabled_ || total_ == 0) return;
+    const int64_t step = done_ * kSteps / total_;
+    if (step == shown_) return;
+    shown_ = step;
+    const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
+    const double rate = seconds > 0 ? double(done_) / seconds : 0.0;
+    const std::string share = world_ > 1 ? str_cat(" (rank ", rank_, " of ", world_, ")") : "";
+    if (tty_) {
+      const int filled = int(step * kBarWidth / kSteps);
+      std::printf("\rdppredict [%s%s] %lld/%lld %5.1f%% %.1f img/s%s",
+                  std::string(size_t(filled), '#').c_str(),
+                  std::string(size_t(kBarWidth - filled), '.').c_str(),
+                  static_cast<long long>(done_), static_cast<long long>(total_),
+                  100.0 * double(step) / kSteps, rate, share.c_str());
+      open_line_ = true;
+    } else if (total_ >= kMinTotalForLines && step % (kSteps / kLines) == 0) {
+      std::printf("dppredict: %lld/%lld images%s, %.1f img/s\n", static_cast<long long>(done_),
+                  static_cast<long long>(total_), share.c_str(), rate);
+    }
+    std::fflush(stdout);
+  }
+
+  // Ends the bar's line, so that the next output starts on its own.
+  void end_line() {
+    if (!open_line_) return;
+    std::printf("\n");
+    std::fflush(stdout);
+    open_line_ = false;
+  }
+
+ private:
+  static constexpr int64_t kSteps = 1000;  // resolution of the bar (per mille)
+  static constexpr int kBarWidth = 30;
+  static constexpr int64_t kLines = 10;  // plain lines per run
+  static constexpr int64_t kMinTotalForLines = 20;
+  bool enabled_, tty_;
+  int64_t total_;
+  int world_, rank_;
+  Clock::time_point start_;
+  int64_t done_ = 0, shown_ = -1;
+  bool open_line_ = false;
+};
+
+// Every rank runs `fn`; then every rank learns whether any failed and throws AgreedFailure, the
+// lowest failing rank with its message. `extra` (summed over ranks in the same reduction) may
+// carry results.
+template <typename F>
+void agree(Comm& comm, F&& fn, std::vector<int64_t>* extra = nullptr) {
+  std::string message;
+  int64_t code = 0;
+  try {
+    fn();
+  } catch (const UsageError& e) {
+    code = kExitUsage, message = e.what();
+  } catch (const std::exception& e) {
+    code = kExitFailure, message = e.what();
+  }
+  const size_t world = size_t(comm.size());
+  std::vector<int64_t> v(world, 0);
+  v[size_t(comm.rank())] = code;
+  if (extra != nullptr) v.insert(v.end(), extra->begin(), extra->end());
+  comm.allreduce_sum(v.data(), v.size());
+  if (extra != nullptr) std::copy(v.begin() + ptrdiff_t(world), v.end(), extra->begin());
+  for (size_t r = 0; r < world; ++r) {
+    if (v[r] == 0) continue;
+    const bool mine = int(r) == comm.rank();
+    throw AgreedFailure(mine ? message : str_cat("rank ", r, " failed"), int(v[r]), mine);
+  }
+}
+
+bool is_listed_image(const fs::directory_entry& e) {
+  const std::string name = e.path().filename().string();
+  return e.is_regular_file() && !name.empty() && name[0] != '.' && data::has_image_extension(name);
+}
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return {};
+  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
+}
+
+// The files of one run: name (output file stem) and where the pixels come from.
+struct Input {
+  std::string name;
+  std::string path;    // image file; empty for a dataset sample
+  int64_t index = -1;  // dataset sample
+};
+
+std::string padded(int64_t v, int64_t largest) {
+  const std::string digits = std::to_string(largest);
+  std::string s = std::to_string(v);
+  return std::string(digits.size() > s.size() ? digits.size() - s.size() : 0, '0') + s;
+}
+
+}  // namespace
+
+double SegmentationMetrics::iou() const {
+  return double(tp) / std::max<double>(1.0, double(tp + fp + fn));
+}
+double SegmentationMetrics::dice() const {
+  return 2.0 * double(tp) / std::max<double>(1.0, double(2 * tp + fp + fn));
+}
+double SegmentationMetrics::precision() const {
+  return double(tp) / std::max<double>(1.0, double(tp + fp));
+}
+double SegmentationMetrics::recall() const {
+  return double(tp) / std::max<double>(1.0, double(tp + fn));
+}
+
+std::vector<std::string> list_inputs(const PredictOptions& options) {
+  std::vector<std::string> files;
+  for (const std::string& p : options.inputs) {
+    std::error_code ec;
+    if (fs::is_directory(p, ec)) {
+      std::vector<std::string> found;
+      for (const auto& e : fs::directory_iterator(p))
+        if (is_listed_image(e)) found.push_back(e.path().string());
+      DP_CHECK(!found.empty(), "folder '", p, "' holds no images (.jpg .jpeg .png)");
+      std::sort(found.begin(), found.end());
+      files.insert(files.end(), found.begin(), found.end());
+    } else {
+      DP_CHECK(fs::is_regular_file(p, ec), "input '", p, "' does not exist or is not a file");
+      files.push_back(p);
+    }
+  }
+  if (!options.list.empty()) {
+    std::ifstream list(options.list);
+    DP_CHECK(list.good(), "cannot read --list '", options.list, "'");
+    int line_no = 0;
+    for (std::string line; std::getline(list, line);) {
+      ++line_no;
+      line = trim(line);
+      if (line.empty() || line[0] == '#') continue;
+      std::error_code ec;
+      DP_CHECK(fs::is_regular_file(line, ec), "--list '", options.list, "' line ", line_no, ": '",
+               line, "' does not exist or is not a file");
+      files.push_back(line);
+    }
+    DP_CHECK(!options.inputs.empty() || !files.empty(), "--list '", options.list,
+             "' names no images");
+  }
+  std::map<std::string, std::string> by_stem;
+  for (const std::string& f : files) {
+    const std::string stem = fs::path(f).stem().string();
+    const auto [it, fresh] = by_stem.emplace(stem, f);
+    DP_CHECK(fresh, "inputs '", it->second, "' and '", f, "' would both write ", kMaskDir, "/",
+             stem, ".png; rename one");
+  }
+  return files;
+}
+
+int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
+                SegmentationMetrics* metrics_out) {
+  const auto t0 = Clock::now();
+  const int rank = comm.rank(), world = comm.size();
+  std::unique_ptr<Predictor> predictor;
+  std::unique_ptr<data::Dataset> dataset;
+  std::vector<Input> inputs;
+  agree(comm, [&] {
+    PredictorOptions po;
+    po.tile_height = o.tile_height;
+    po.tile_width = o.tile_width;
+    po.overlap = o.overlap;
+    po.batch = o.batch_size;
+    predictor = std::make_unique<Predictor>(o.checkpoint, po);
+    if (o.from_dataset()) {
+      dataset = std::make_unique<data::Dataset>(o.dataset, o.split);
+      for (int64_t i = 0; i < dataset->size(); ++i)
+        inputs.push_back({str_cat(o.split, "_", padded(i, dataset->size() - 1)), "", i});
+    } else {
+      for (std::string& f : list_inputs(o))
+        inputs.push_back({fs::path(f).stem().string(), std::move(f), -1});
+    }
+    if (rank == 0 && !o.out.empty()) {
+      ensure_writable_dir((fs::path(o.out) / kMaskDir).string());
+      if (o.save_prob) ensure_writable_dir((fs::path(o.out) / kProbDir).string());
+      if (o.overlay) ensure_writable_dir((fs::path(o.out) / kOverlayDir).string());
+    }
+  });
+  const CheckpointMeta& meta = predictor->meta();
+  log.info("dppredict: ", o.checkpoint, ": ", meta.model, " (width divisor ", meta.width_divisor,
+           meta.deconv != 0 ? ", deconv" : "", ") trained ", meta.epoch, " epoch(s) on ",
+           meta.height, "x", meta.width, "; tiles ", predictor->tile_height(), "x",
+           predictor->tile_width(), ", overlap ", predictor->overlap(), ", ", o.batch_size,
+           " per batch; ", inputs.size(), " image(s) on ", world, " rank(s)");
+
+  std::vector<size_t> mine;
+  for (size_t i = size_t(rank); i < inputs.size(); i += size_t(world)) mine.push_back(i);
+  Progress progress(rank == 0 && !o.quiet, int64_t(mine.size()), rank, world);
+  SegmentationMetrics m;
+  std::unordered_map<size_t, std::vector<uint8_t>> truth;  // dataset masks of images in flight
+  const auto threshold = float(o.threshold);
+  const fs::path out(o.out);
+
+  // Writes the outputs of one finished image and counts it.
+  auto finish = [&](size_t id, const data::Image& image, std::vector<float>& prob) {
+    const int w = image.width, h = image.height;
+    const size_t pixels = size_t(w) * size_t(h);
+    std::vector<uint8_t> mask(pixels);
+    for (size_t i = 0; i < pixels; ++i) mask[i] = prob[i] > threshold ? kMaskOn : 0;
+    const std::string file = inputs[id].name + ".png";
+    if (!o.out.empty()) {
+      data::write_png((out / kMaskDir / file).string(), mask.data(), w, h, 1);
+      if (o.save_prob) {
+        std::vector<uint8_t> p8(pixels);
+        for (size_t i = 0; i < pixels; ++i) p8[i] = uint8_t(std::lround(prob[i] * kMaxByte));
+        data::write_png((out / kProbDir / file).string(), p8.data(), w, h, 1);
+      }
+      if (o.overlay) {
+        std::vector<uint8_t> tinted(image.pixels);
+        for (size_t i = 0; i < pixels; ++i) {
+          if (mask[i] == 0) continue;
+          for (size_t c = 0; c < 3; ++c) {
+            uint8_t& v = tinted[3 * i + c];
+            v = uint8_t(std::lround((1.0f - kTintAlpha) * v + kTintAlpha * kTint[c]));
+          }
+        }
+        data::write_png((out / kOverlayDir / file).string(), tinted.data(), w, h, 3);
+      }
+    }
+    if (const auto t = truth.find(id); t != truth.end()) {
+      for (size_t i = 0; i < pixels; ++i) {
+        const bool p = mask[i] != 0, g = t->second[i] != 0;
+        m.tp += p && g;
+        m.fp += p && !g;
+        m.fn += !p && g;
+      }
+      m.pixels += int64_t(pixels);
+      truth.erase(t);
+    }
+    ++m.images;
+    progress.advance();
+  };
+
+  // The loop has no collectives: a rank that fails stops and reports at the agreement below.
+  std::vector<int64_t> sums(5, 0);
+  agree(
+      comm,
+      [&] {
+        TiledRunner& runner = predictor->runner();
+        for (const size_t id : mine) {
+          const Input& in = inputs[id];
+          data::Image image;
+          if (dataset) {
+            image.width = dataset->width();
+            image.height = dataset->height();
+            image.channels = 3;
+            image.pixels.resize(size_t(image.width) * size_t(image.height) * 3);
+            std::vector<uint8_t> mask(size_t(image.width) * size_t(image.height));
+            dataset->read(in.index, image.pixels.data(), mask.data());
+            truth.emplace(id, std::move(mask));
+          } else {
+            // Gray, palette and 16-bit files are converted to 8-bit RGB; transparency is refused.
+            image = data::read_image(in.path, data::PixelFormat::kRgb);
+          }
+          runner.submit(id, std::move(image), finish);
+        }
+        runner.flush();
+        sums = {m.tp, m.fp, m.fn, m.pixels, m.images};
+      },
+      &sums);
+  progress.end_line();
+  SegmentationMetrics total{sums[0], sums[1], sums[2], sums[3], sums[4]};
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  log.info("dppredict: ", total.images, " image(s) in ", fixed(seconds, 1), " s (",
+           fixed(double(total.images) / std::max(seconds, 1e-9), 1), " img/s)",
+           o.out.empty() ? std::string() : str_cat("; masks in ", (out / kMaskDir).string()));
+  if (dataset) {
+    log.info("metrics on ", o.dataset, " /", o.split, " (", total.images, " images, ", total.pixels,
+             " pixels, threshold ", o.threshold, "): iou ", fixed(total.iou(), 8), "  dice ",
+             fixed(total.dice(), 8), "  precision ", fixed(total.precision(), 8), "  recall ",
+             fixed(total.recall(), 8));
+  }
+  if (metrics_out != nullptr) *metrics_out = total;
+  return 0;
+}
+
+}  // namespace dp::app

@@ -1,0 +1,38 @@
+// dppredict's work: inputs listed and split across ranks, tiled inference, PNG outputs, metrics.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dp/comm.hpp"
+#include "dp/log.hpp"
+#include "predict/options.hpp"
+
+namespace dp::app {
+
+// Pixel counts over every image (summed over ranks) and the scores derived from them, each
+// x / max(1, denominator) as in dptrain's validation.
+struct SegmentationMetrics {
+  int64_t tp = 0, fp = 0, fn = 0, pixels = 0, images = 0;
+  double iou() const;        // TP / (TP + FP + FN)
+  double dice() const;       // 2 TP / (2 TP + FP + FN)
+  double precision() const;  // TP / (TP + FP)
+  double recall() const;     // TP / (TP + FN)
+};
+
+// The images the options name, in order: each positional file; each positional folder's image
+// files (.jpg .jpeg .png in any case, hidden files skipped), sorted by name; then each line of
+// --list (blank lines and # comments skipped; relative paths from the current directory).
+// A missing path, a folder without images or two inputs with one file stem (they would write
+// the same mask) are dp::Errors naming them.
+std::vector<std::string> list_inputs(const PredictOptions& options);
+
+// Runs dppredict on this rank's share (inputs i with i % size == rank) and returns the exit code
+// (0). Set-up problems and any rank's failure while predicting are reported once, by the lowest
+// failing rank, through AgreedFailure (see train/trainer.hpp) on every rank. `metrics` (may be
+// null) receives the reduced counts of a --dataset run.
+int run_predict(const PredictOptions& options, Comm& comm, const Logger& log,
+                SegmentationMetrics* metrics = nullptr);
+
+}  // namespace dp::app

@@ -1,0 +1,162 @@
+// Tiled inference: overlapping tiles, reflect padding and window-weighted blending of
+// probabilities.
+#include "predict/tiling.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <utility>
+
+#include "dp/error.hpp"
+
+namespace dp::app {
+namespace {
+
+constexpr int kChannels = 3;
+
+float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
+
+}  // namespace
+
+std::vector<int> tile_starts(int length, int tile, int overlap) {
+  DP_CHECK(length > 0 && tile > 0 && overlap >= 0 && overlap < tile, "tile_starts: length ", length,
+           ", tile ", tile, ", overlap ", overlap, " (need overlap in [0, tile))");
+  if (length <= tile) return {-((tile - length) / 2)};
+  const int64_t span = length - tile;  // where the last tile starts
+  const int64_t stride = tile - overlap;
+  const int64_t n = (span + stride - 1) / stride + 1;
+  std::vector<int> starts(static_cast<size_t>(n));
+  // Rounded even spacing: consecutive starts differ by at most ceil(span / (n - 1)) <= stride.
+  for (int64_t i = 0; i < n; ++i)
+    starts[static_cast<size_t>(i)] = static_cast<int>((2 * i * span + (n - 1)) / (2 * (n - 1)));
+  return starts;
+}
+
+int reflect_index(int64_t i, int length) {
+  if (length == 1) return 0;
+  const int64_t period = 2 * (int64_t{length} - 1);
+  int64_t m = i % period;
+  if (m < 0) m += period;
+  return static_cast<int>(m < length ? m : period - m);
+}
+
+std::vector<float> window_weights(int tile) {
+  std::vector<float> w(static_cast<size_t>(tile));
+  for (int i = 0; i < tile; ++i) {
+    const double s = std::sin(std::numbers::pi * (i + 0.5) / tile);
+    w[static_cast<size_t>(i)] = static_cast<float>(s * s);
+  }
+  return w;
+}
+
+// One image in flight: its weighted sums, and how many of its tiles are still to come.
+struct TiledRunner::Job {
+  size_t id = 0;
+  data::Image image;
+  Done done;
+  std::vector<float> acc, weight;  // sum(w * p), sum(w) per pixel
+  int64_t remaining = 0;
+};
+
+TiledRunner::TiledRunner(Forward forward, const Normalization& normalization, int tile_height,
+                         int tile_width, int overlap, int batch)
+    : forward_(std::move(forward)),
+      lut_(normalization_lut(normalization)),
+      tile_height_(tile_height),
+      tile_width_(tile_width),
+      overlap_(overlap),
+      batch_(batch) {
+  DP_CHECK(tile_height > 0 && tile_width > 0 && batch > 0, "TiledRunner: tile ", tile_height, "x",
+           tile_width, ", batch ", batch);
+  DP_CHECK(overlap >= 0 && overlap < std::min(tile_height, tile_width), "overlap ", overlap,
+           " must be in [0, ", std::min(tile_height, tile_width), ") for tiles of ", tile_height,
+           "x", tile_width);
+  window_y_ = window_weights(tile_height);
+  window_x_ = window_weights(tile_width);
+  input_ =
+      Buffer(size_t(batch) * size_t(tile_height) * size_t(tile_width) * kChannels * sizeof(float));
+  slots_.reserve(size_t(batch));
+}
+
+TiledRunner::~TiledRunner() = default;
+
+int64_t TiledRunner::tiles_for(int height, int width) const {
+  return int64_t(tile_starts(height, tile_height_, overlap_).size()) *
+         int64_t(tile_starts(width, tile_width_, overlap_).size());
+}
+
+void TiledRunner::submit(size_t id, data::Image image, Done done) {
+  DP_CHECK(image.channels == kChannels && image.width > 0 && image.height > 0 &&
+               image.pixels.size() == size_t(image.width) * size_t(image.height) * kChannels,
+           "TiledRunner: expected an RGB image, got ", image.width, "x", image.height, "x",
+           image.channels);
+  const int h = image.height, w = image.width;
+  const std::vector<int> ys = tile_starts(h, tile_height_, overlap_);
+  const std::vector<int> xs = tile_starts(w, tile_width_, overlap_);
+  auto job = std::make_shared<Job>();
+  job->id = id;
+  job->done = std::move(done);
+  job->acc.assign(size_t(h) * size_t(w), 0.0f);
+  job->weight.assign(size_t(h) * size_t(w), 0.0f);
+  job->remaining = int64_t(ys.size()) * int64_t(xs.size());
+  job->image = std::move(image);
+  const uint8_t* src = job->image.pixels.data();
+  const size_t tile_floats = size_t(tile_height_) * size_t(tile_width_) * kChannels;
+  std::vector<int> columns(static_cast<size_t>(tile_width_));
+  for (const int y0 : ys) {
+    for (const int x0 : xs) {
+      for (int tx = 0; tx < tile_width_; ++tx) columns[size_t(tx)] = reflect_index(x0 + tx, w);
+      float* dst = input_.f32() + slots_.size() * tile_floats;
+      for (int ty = 0; ty < tile_height_; ++ty) {
+        const uint8_t* row = src + size_t(reflect_index(y0 + ty, h)) * size_t(w) * kChannels;
+        for (int tx = 0; tx < tile_width_; ++tx, dst += kChannels) {
+          const uint8_t* px = row + size_t(columns[size_t(tx)]) * kChannels;
+          for (int c = 0; c < kChannels; ++c) dst[c] = lut_[size_t(c)][px[c]];
+        }
+      }
+      slots_.push_back({job, y0, x0});
+      if (int(slots_.size()) == batch_) run_batch();
+    }
+  }
+}
+
+void TiledRunner::flush() {
+  run_batch();
+}
+
+void TiledRunner::run_batch() {
+  if (slots_.empty()) return;
+  std::vector<Slot> batch;
+  batch.swap(slots_);  // the runner is empty again whatever `done` does
+  slots_.reserve(size_t(batch_));
+  const float* logits = forward_(input_.f32(), int(batch.size()));
+  const size_t plane = size_t(tile_height_) * size_t(tile_width_);
+  for (size_t k = 0; k < batch.size(); ++k) {
+    Job& job = *batch[k].job;
+    const int h = job.image.height, w = job.image.width;
+    const float* tile = logits + k * plane;
+    for (int ty = 0; ty < tile_height_; ++ty) {
+      const int y = batch[k].y0 + ty;
+      if (y < 0 || y >= h) continue;  // reflect padding: computed, not kept
+      const float wy = window_y_[size_t(ty)];
+      float* acc = job.acc.data() + size_t(y) * size_t(w);
+      float* weight = job.weight.data() + size_t(y) * size_t(w);
+      for (int tx = 0; tx < tile_width_; ++tx) {
+        const int x = batch[k].x0 + tx;
+        if (x < 0 || x >= w) continue;
+        const float wt = wy * window_x_[size_t(tx)];
+        acc[x] += wt * sigmoid(tile[size_t(ty) * size_t(tile_width_) + size_t(tx)]);
+        weight[x] += wt;
+      }
+    }
+    if (--job.remaining > 0) continue;
+    // Normalised by the summed weight (every pixel has weight > 0), not by the maximum.
+    for (size_t i = 0; i < job.acc.size(); ++i) job.acc[i] /= job.weight[i];
+    job.weight = {};
+    job.done(job.id, job.image, job.acc);
+  }
+}
+
+}  // namespace dp::app

@@ -1,0 +1,76 @@
+// Tiled inference: tile positions, reflect padding, the blending window, and TiledRunner, which
+// turns images of any size into probability maps with a fixed-size network.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "dp/buffer.hpp"
+#include "dp/image_io.hpp"
+#include "predict/normalization.hpp"
+
+namespace dp::app {
+
+// Start offsets of the tiles that cover [0, length) with tiles of `tile` pixels, neighbours
+// sharing at least `overlap` pixels (0 <= overlap < tile):
+//   length <= tile: one tile centred on the axis (start <= 0; the outside is reflect padding);
+//   otherwise ceil((length - tile) / (tile - overlap)) + 1 tiles spread evenly from 0 to
+//   length - tile, so no tile reads outside the image and the last one is flush with its end.
+std::vector<int> tile_starts(int length, int tile, int overlap);
+
+// Index into [0, length) of position i of an axis extended by reflection without repeating the
+// edge pixel (numpy's and PyTorch's "reflect"): ... 2 1 | 0 1 2 ... L-1 | L-2 L-3 ...
+int reflect_index(int64_t i, int length);
+
+// Blending weight of position i of a tile of `tile` pixels: sin^2(pi (i + 0.5) / tile). Smooth,
+// symmetric, largest at the centre and small (never 0) at the borders, where a network sees the
+// least context. A tile's 2-D weight is the product of its row and column weights.
+std::vector<float> window_weights(int tile);
+
+// Runs images of any size through a network that takes tiles of tile_height x tile_width, in
+// batches of up to `batch` tiles (tiles of consecutive images share a batch). Each pixel's
+// probability is the window-weighted mean of sigmoid(logit) over the tiles that cover it:
+// sum(w * p) / sum(w). Sides shorter than the tile are reflect-padded (see tile_starts).
+class TiledRunner {
+ public:
+  // input: [n, tile_height, tile_width, 3] normalised floats; returns logits [n, th, tw, 1],
+  // valid until the next call.
+  using Forward = std::function<const float*(const float* input, int n)>;
+  // Hears of an image (RGB, as submitted) with its probabilities (height * width) when all of its
+  // tiles are in.
+  using Done = std::function<void(size_t id, const data::Image& image, std::vector<float>& prob)>;
+
+  TiledRunner(Forward forward, const Normalization& normalization, int tile_height, int tile_width,
+              int overlap, int batch);
+  ~TiledRunner();
+  TiledRunner(const TiledRunner&) = delete;
+  TiledRunner& operator=(const TiledRunner&) = delete;
+
+  // Queues the tiles of an RGB image (channels == 3); runs every batch that fills up, so `done`
+  // may be called (for this or earlier images) before submit returns.
+  void submit(size_t id, data::Image image, Done done);
+  // Runs the last, partial batch: every submitted image is done afterwards.
+  void flush();
+  // Tiles one image needs.
+  int64_t tiles_for(int height, int width) const;
+
+ private:
+  struct Job;
+  struct Slot {
+    std::shared_ptr<Job> job;
+    int y0 = 0, x0 = 0;
+  };
+  void run_batch();
+
+  Forward forward_;
+  NormalizationLut lut_;
+  int tile_height_, tile_width_, overlap_, batch_;
+  std::vector<float> window_y_, window_x_;
+  Buffer input_;             // [batch, th, tw, 3]
+  std::vector<Slot> slots_;  // the tiles of the batch being filled
+};
+
+}  // namespace dp::app

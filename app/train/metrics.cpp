@@ -1,0 +1,81 @@
+// Metrics from confusion counts; metrics.csv kept in step with the checkpoints.
+#include "train/metrics.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "dp/error.hpp"
+
+namespace dp::app {
+namespace {
+
+double ratio(double num, double den) {
+  return den > 0 ? num / den : 0.0;
+}
+
+// 9 significant digits (the learning rate, a float, with 7); an epoch without validation writes
+// an empty field.
+std::string field(double v, int digits = 9) {
+  if (std::isnan(v)) return "";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+  return buf;
+}
+
+}  // namespace
+
+double Confusion::iou() const {
+  return ratio(double(tp), double(tp + fp + fn));
+}
+double Confusion::dice() const {
+  return ratio(2.0 * double(tp), double(2 * tp + fp + fn));
+}
+double Confusion::precision() const {
+  return ratio(double(tp), double(tp + fp));
+}
+double Confusion::recall() const {
+  return ratio(double(tp), double(tp + fn));
+}
+
+bool valid_best_metric(const std::string& name) {
+  return name == "valid_loss" || name == "iou" || name == "dice";
+}
+
+bool higher_is_better(const std::string& metric) {
+  return metric != "valid_loss";
+}
+
+MetricsCsv::MetricsCsv(const std::string& model_dir, int64_t epochs_done)
+    : path_((std::filesystem::path(model_dir) / kFileName).string()) {
+  std::vector<std::string> keep;
+  if (std::ifstream in(path_); in) {
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.empty() || line == kHeader) continue;
+      long long epoch = 0;
+      if (std::sscanf(line.c_str(), "%lld,", &epoch) == 1 && epoch <= epochs_done)
+        keep.push_back(line);
+    }
+  }
+  std::ofstream out(path_, std::ios::trunc);
+  out << kHeader << "\n";
+  for (const auto& l : keep) out << l << "\n";
+  out.flush();
+  DP_CHECK(out.good(), "cannot write '", path_, "'");
+}
+
+void MetricsCsv::append(const MetricsRow& r) const {
+  std::ofstream out(path_, std::ios::app);
+  out << r.epoch << "," << field(r.lr, 7) << "," << field(r.train_loss) << ","
+      << field(r.valid_loss) << "," << field(r.iou) << "," << field(r.dice) << ","
+      << field(r.precision) << "," << field(r.recall) << "," << field(r.images_per_s) << ","
+      << field(r.seconds) << "\n";
+  out.flush();
+  DP_CHECK(out.good(), "cannot append to '", path_, "'");
+}
+
+}  // namespace dp::app

@@ -1,0 +1,45 @@
+// Segmentation metrics from reduced confusion counts, and metrics.csv (one row per epoch).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dp::app {
+
+// Pixel counts at the threshold, summed over every rank (never averaged per rank). An empty
+// denominator gives 0.
+struct Confusion {
+  int64_t tp = 0, fp = 0, fn = 0;
+  double iou() const;        // TP / (TP + FP + FN)
+  double dice() const;       // 2TP / (2TP + FP + FN) = F1
+  double precision() const;  // TP / (TP + FP)
+  double recall() const;     // TP / (TP + FN)
+};
+
+// --best-metric: valid_loss (lower is better), iou or dice (higher is better).
+bool valid_best_metric(const std::string& name);
+bool higher_is_better(const std::string& metric);
+
+struct MetricsRow {
+  int64_t epoch = 0;  // 1-based
+  double lr = 0, train_loss = 0, valid_loss = 0, iou = 0, dice = 0, precision = 0, recall = 0;
+  double images_per_s = 0, seconds = 0;
+};
+
+// <model_dir>/metrics.csv, appended by rank 0 after every epoch (header written once). On start
+// the file keeps only the rows of epochs the resumed checkpoint has done (none when fresh), so a
+// resumed or restarted run never repeats an epoch's row. Throws dp::Error on I/O errors.
+class MetricsCsv {
+ public:
+  static constexpr const char* kFileName = "metrics.csv";
+  static constexpr const char* kHeader =
+      "epoch,lr,train_loss,valid_loss,iou,dice,precision,recall,img_per_s,seconds";
+  MetricsCsv(const std::string& model_dir, int64_t epochs_done);
+  void append(const MetricsRow& row) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+}  // namespace dp::app

@@ -1,0 +1,70 @@
+// Dataset preparation: image + mask folders -> dataset v1 (dpprep build), and inspection (info).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace dp::data {
+
+struct BuildOptions {
+  std::string images, masks;                // folders of .jpg/.jpeg/.png files, paired by file stem
+  std::string val_images, val_masks;        // explicit validation folders (both or neither)
+  std::string out;                          // the dataset file to write
+  double val_fraction = 0.1;                // used without explicit validation folders; 0 = no val
+  uint64_t seed = 1;                        // of the train/val split
+  int mask_threshold = 127;                 // mask pixel > threshold -> crack (1), else 0
+  int resize_width = 0, resize_height = 0;  // 0: every image must already have one size
+  bool skip_unpaired = false;  // unpaired files are skipped (counted) instead of an error
+  int gzip_level = 0;          // 0 = uncompressed chunks
+};
+
+// Called while working: phase ("reading masks" for the split, "writing"; info: "checking
+// masks"), done, total.
+// It may throw (e.g. on an interrupt): the build stops and leaves nothing behind.
+using ProgressFn = std::function<void(const char* phase, int64_t done, int64_t total)>;
+
+struct BuildReport {
+  int64_t train = 0, val = 0;                          // samples written
+  int64_t train_with_cracks = 0, val_with_cracks = 0;  // samples whose mask has a crack pixel
+  int64_t skipped_images = 0, skipped_masks = 0;       // unpaired files skipped (--skip-unpaired)
+  int64_t ignored_files = 0;  // files in the folders without an image extension
+  int height = 0, width = 0;
+  bool resized = false;
+  double pos_weight = 1.0;
+  std::array<double, 3> mean{}, std{};
+};
+
+// Pairs the files, decodes every mask (split stratified by whether it has a crack pixel), then
+// decodes, converts and writes every pair to a temporary file that is renamed to options.out at
+// the end. Bad input throws dp::Error naming the file and the problem; nothing is left behind.
+BuildReport build_dataset(const BuildOptions& options, const ProgressFn& progress = {});
+
+// What `dpprep info` prints about one split.
+struct SplitInfo {
+  std::string name;
+  int64_t count = 0;
+  int height = 0, width = 0;
+  std::vector<int64_t> image_chunk, mask_chunk;  // empty: contiguous
+  int gzip_level = 0;                            // of the images; 0 = none
+  int64_t crack_pixels = 0, pixels = 0;          // over every mask of the split
+  int64_t with_cracks = 0;                       // samples with at least one crack pixel
+};
+
+struct DatasetInfo {
+  std::string path, format;
+  double pos_weight = 1.0;
+  bool has_stats = false;
+  std::array<double, 3> mean{}, std{};
+  std::vector<SplitInfo> splits;                                // train, then val if present
+  std::vector<std::pair<std::string, std::string>> attributes;  // the other root attributes
+};
+
+// Validates a dataset v1 file (layout, types, shapes, attributes, every mask value) and
+// describes it. Throws dp::Error with the reason if the file is not a valid v1 dataset.
+DatasetInfo inspect_dataset(const std::string& path, const ProgressFn& progress = {});
+
+}  // namespace dp::data

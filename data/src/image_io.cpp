@@ -1,0 +1,364 @@
+// JPEG (TurboJPEG API) and PNG (libpng simplified API) codecs and resizing, every handle in RAII.
+#include "dp/image_io.hpp"
+
+#include <png.h>
+#include <sys/stat.h>
+#include <turbojpeg.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+
+#include "dp/error.hpp"
+
+namespace dp::data {
+
+namespace {
+
+constexpr size_t kSignatureBytes = 8;  // enough for both signatures below
+constexpr uint8_t kJpegSignature[] = {0xFF, 0xD8, 0xFF};
+constexpr uint8_t kPngSignature[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+constexpr int kMaxJpegQuality = 100;
+constexpr uint8_t kOpaque = 255;
+constexpr int kRgbaChannels = 4;
+
+// ---------------------------------------------------------------------------------------------
+// RAII owners of the C handles
+
+struct FileCloser {
+  void operator()(std::FILE* f) const noexcept { std::fclose(f); }
+};
+using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
+
+struct TjDestroyer {
+  void operator()(void* handle) const noexcept { tjDestroy(handle); }
+};
+using TjHandle = std::unique_ptr<void, TjDestroyer>;  // tjhandle is a void*
+
+struct TjFreer {
+  void operator()(unsigned char* buffer) const noexcept { tjFree(buffer); }
+};
+using TjBuffer = std::unique_ptr<unsigned char, TjFreer>;
+
+// libpng's simplified-API control structure; png_image_free releases whatever it holds.
+class PngImage {
+ public:
+  PngImage() {
+    std::memset(&image_, 0, sizeof image_);
+    image_.version = PNG_IMAGE_VERSION;
+  }
+  ~PngImage() { png_image_free(&image_); }
+  PngImage(const PngImage&) = delete;
+  PngImage& operator=(const PngImage&) = delete;
+  png_image* get() { return &image_; }
+  png_image* operator->() { return &image_; }
+
+ private:
+  png_image image_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Files
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    fail("cannot read image '", path, "': ", std::strerror(errno));
+  DP_CHECK(S_ISREG(st.st_mode), "cannot read image '", path, "': not a regular file");
+  FilePtr f(std::fopen(path.c_str(), "rb"));
+  if (!f) fail("cannot read image '", path, "': ", std::strerror(errno));
+  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
+  const size_t got = std::fread(bytes.data(), 1, bytes.size(), f.get());
+  if (got != bytes.size()) {
+    fail("cannot read image '", path,
+         "': ", std::ferror(f.get()) ? std::strerror(errno) : "file shrank while reading");
+  }
+  DP_CHECK(!bytes.empty(), "image '", path, "' is empty (0 bytes)");
+  return bytes;
+}
+
+void write_file(const std::string& path, const void* data, size_t size) {
+  FilePtr f(std::fopen(path.c_str(), "wb"));
+  if (!f) fail("cannot write image '", path, "': ", std::strerror(errno));
+  if (std::fwrite(data, 1, size, f.get()) != size || std::fflush(f.get()) != 0) {
+    fail("cannot write image '", path, "': ", std::strerror(errno));
+  }
+  std::FILE* raw = f.release();
+  if (std::fclose(raw) != 0) fail("cannot write image '", path, "': ", std::strerror(errno));
+}
+
+template <size_t N>
+bool starts_with(const std::vector<uint8_t>& bytes, const uint8_t (&signature)[N]) {
+  return bytes.size() >= N && std::equal(signature, signature + N, bytes.begin());
+}
+
+enum class Codec { kJpeg, kPng };
+
+Codec detect(const std::vector<uint8_t>& bytes, const std::string& path) {
+  if (starts_with(bytes, kJpegSignature)) return Codec::kJpeg;
+  if (starts_with(bytes, kPngSignature)) return Codec::kPng;
+  std::string head;
+  for (size_t i = 0; i < std::min(bytes.size(), kSignatureBytes); ++i) {
+    constexpr const char* kHex = "0123456789abcdef";
+    head += str_cat(i ? " " : "", kHex[bytes[i] >> 4], kHex[bytes[i] & 15]);
+  }
+  fail("image '", path, "' is neither JPEG nor PNG (it starts with bytes ", head, ")");
+}
+
+void check_size(int width, int height, const std::string& path) {
+  DP_CHECK(width > 0 && height > 0 && width <= kMaxImageSide && height <= kMaxImageSide, "image '",
+           path, "' has size ", width, "x", height, ", expected sides in [1, ", kMaxImageSide, "]");
+}
+
+// ---------------------------------------------------------------------------------------------
+// JPEG
+
+TjHandle jpeg_decompressor(const std::string& path) {
+  TjHandle handle(tjInitDecompress());
+  DP_CHECK(handle, "decoding '", path, "': TurboJPEG: ", tjGetErrorStr2(nullptr));
+  return handle;
+}
+
+struct JpegHeader {
+  int width = 0, height = 0, subsampling = 0, colorspace = 0;
+};
+
+JpegHeader jpeg_header(void* handle, const std::vector<uint8_t>& bytes, const std::string& path) {
+  JpegHeader h;
+  if (tjDecompressHeader3(handle, bytes.data(), bytes.size(), &h.width, &h.height, &h.subsampling,
+                          &h.colorspace) != 0) {
+    fail("corrupt JPEG '", path, "': ", tjGetErrorStr2(handle));
+  }
+  DP_CHECK(h.colorspace != TJCS_CMYK && h.colorspace != TJCS_YCCK, "JPEG '", path,
+           "' is CMYK, which is not supported: convert it to RGB");
+  check_size(h.width, h.height, path);
+  return h;
+}
+
+Image decode_jpeg(const std::vector<uint8_t>& bytes, const std::string& path, PixelFormat format) {
+  TjHandle handle = jpeg_decompressor(path);
+  const JpegHeader h = jpeg_header(handle.get(), bytes, path);
+  Image img;
+  img.width = h.width;
+  img.height = h.height;
+  img.channels = static_cast<int>(format);
+  img.pixels.resize(static_cast<size_t>(h.width) * h.height * img.channels);
+  const int pixel_format = format == PixelFormat::kRgb ? TJPF_RGB : TJPF_GRAY;
+  // Any libjpeg warning ("Premature end of JPEG file", "Corrupt JPEG data: ...") is an error:
+  // the pixels after it are made up by the decoder.
+  const int flags = TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS;
+  if (tjDecompress2(handle.get(), bytes.data(), bytes.size(), img.pixels.data(), h.width, 0,
+                    h.height, pixel_format, flags) != 0) {
+    const bool warning = tjGetErrorCode(handle.get()) == TJERR_WARNING;
+    fail(warning ? "corrupt or truncated JPEG '" : "cannot decode JPEG '", path,
+         "': ", tjGetErrorStr2(handle.get()));
+  }
+  return img;
+}
+
+// ---------------------------------------------------------------------------------------------
+// PNG
+
+void png_begin(PngImage& png, const std::vector<uint8_t>& bytes, const std::string& path) {
+  if (!png_image_begin_read_from_memory(png.get(), bytes.data(), bytes.size())) {
+    fail("corrupt PNG '", path, "': libpng: ", png->message);
+  }
+  check_size(static_cast<int>(std::min<png_uint_32>(png->width, kMaxImageSide + 1)),
+             static_cast<int>(std::min<png_uint_32>(png->height, kMaxImageSide + 1)), path);
+}
+
+Image decode_png(const std::vector<uint8_t>& bytes, const std::string& path, PixelFormat format) {
+  PngImage png;
+  png_begin(png, bytes, path);
+  const bool alpha = (png->format & PNG_FORMAT_FLAG_ALPHA) != 0;
+  // 16-bit files without gamma information are sRGB like 8-bit ones (libpng assumes linear).
+  png->flags |= PNG_IMAGE_FLAG_16BIT_sRGB;
+  png->format = (format == PixelFormat::kRgb ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY) |
+                (alpha ? PNG_FORMAT_FLAG_ALPHA : 0u);
+  const int stored = static_cast<int>(PNG_IMAGE_PIXEL_CHANNELS(png->format));
+  Image img;
+  img.width = static_cast<int>(png->width);
+  img.height = static_cast<int>(png->height);
+  img.channels = static_cast<int>(format);
+  std::vector<uint8_t> buffer(PNG_IMAGE_SIZE(*png.get()));
+  if (!png_image_finish_read(png.get(), nullptr, buffer.data(), 0, nullptr)) {
+    fail("corrupt or truncated PNG '", path, "': libpng: ", png->message);
+  }
+  if (!alpha) {
+    img.pixels = std::move(buffer);
+    return img;
+  }
+  const size_t pixels = static_cast<size_t>(img.width) * img.height;
+  img.pixels.resize(pixels * img.channels);
+  for (size_t i = 0; i < pixels; ++i) {
+    const uint8_t* src = &buffer[i * stored];
+    DP_CHECK(src[stored - 1] == kOpaque, "PNG '", path, "' has transparent pixels (the first at x ",
+             i % img.width, ", y ", i / img.width,
+             "): flatten it onto a background first; only fully opaque alpha channels are dropped");
+    std::copy(src, src + img.channels, &img.pixels[i * img.channels]);
+  }
+  return img;
+}
+
+// The PNG file's bytes; `path` names the destination in messages.
+std::vector<uint8_t> png_bytes(const std::string& path, const void* pixels, int width, int height,
+                               int channels, bool sixteen_bit) {
+  DP_CHECK(channels >= 1 && channels <= kRgbaChannels, "writing PNG '", path, "': ", channels,
+           " channels, expected 1 to 4");
+  check_size(width, height, path);
+  PngImage png;
+  png->width = static_cast<png_uint_32>(width);
+  png->height = static_cast<png_uint_32>(height);
+  static constexpr png_uint_32 kFormats[] = {PNG_FORMAT_GRAY, PNG_FORMAT_GA, PNG_FORMAT_RGB,
+                                             PNG_FORMAT_RGBA};
+  png->format = kFormats[channels - 1] | (sixteen_bit ? PNG_FORMAT_FLAG_LINEAR : 0u);
+  png_alloc_size_t size = 0;
+  if (!png_image_write_to_memory(png.get(), nullptr, &size, 0, pixels, 0, nullptr)) {
+    fail("encoding PNG '", path, "': libpng: ", png->message);
+  }
+  std::vector<uint8_t> bytes(size);
+  if (!png_image_write_to_memory(png.get(), bytes.data(), &size, 0, pixels, 0, nullptr)) {
+    fail("encoding PNG '", path, "': libpng: ", png->message);
+  }
+  bytes.resize(size);
+  return bytes;
+}
+
+void encode_png(const std::string& path, const void* pixels, int width, int height, int channels,
+                bool sixteen_bit) {
+  const std::vector<uint8_t> bytes = png_bytes(path, pixels, width, height, channels, sixteen_bit);
+  write_file(path, bytes.data(), bytes.size());
+}
+
+// Bilinear sampling positions along one axis: source index pair and weight of the second.
+struct Tap {
+  int i0 = 0, i1 = 0;
+  float w1 = 0;
+};
+
+std::vector<Tap> bilinear_taps(int src, int dst) {
+  std::vector<Tap> taps(static_cast<size_t>(dst));
+  const double scale = static_cast<double>(src) / dst;
+  for (int d = 0; d < dst; ++d) {
+    const double s = std::max(0.0, (d + 0.5) * scale - 0.5);
+    const int i0 = std::min(static_cast<int>(s), src - 1);
+    taps[static_cast<size_t>(d)] = {i0, std::min(i0 + 1, src - 1), static_cast<float>(s - i0)};
+  }
+  return taps;
+}
+
+void check_resize(const Image& src, int width, int height) {
+  DP_CHECK(src.width > 0 && src.height > 0 && src.channels > 0 &&
+               src.pixels.size() == static_cast<size_t>(src.width) * src.height * src.channels,
+           "resize: malformed source image ", src.width, "x", src.height, "x", src.channels);
+  DP_CHECK(width > 0 && height > 0 && width <= kMaxImageSide && height <= kMaxImageSide,
+           "resize: bad target size ", width, "x", height);
+}
+
+}  // namespace
+
+bool has_image_extension(const std::string& name) {
+  const size_t dot = name.find_last_of('.');
+  if (dot == std::string::npos || dot == 0) return false;
+  std::string ext = name.substr(dot + 1);
+  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return ext == "jpg" || ext == "jpeg" || ext == "png";
+}
+
+ImageHeader read_image_header(const std::string& path) {
+  const std::vector<uint8_t> bytes = read_file(path);
+  if (detect(bytes, path) == Codec::kJpeg) {
+    TjHandle handle = jpeg_decompressor(path);
+    const JpegHeader h = jpeg_header(handle.get(), bytes, path);
+    return {h.width, h.height, "JPEG"};
+  }
+  PngImage png;
+  png_begin(png, bytes, path);
+  return {static_cast<int>(png->width), static_cast<int>(png->height), "PNG"};
+}
+
+Image read_image(const std::string& path, PixelFormat format) {
+  const std::vector<uint8_t> bytes = read_file(path);
+  return detect(bytes, path) == Codec::kJpeg ? decode_jpeg(bytes, path, format)
+                                             : decode_png(bytes, path, format);
+}
+
+void write_jpeg(const std::string& path, const uint8_t* pixels, int width, int height,
+                PixelFormat format, int quality) {
+  check_size(width, height, path);
+  DP_CHECK(quality >= 1 && quality <= kMaxJpegQuality, "writing JPEG '", path, "': quality ",
+           quality, " out of range [1, ", kMaxJpegQuality, "]");
+  TjHandle handle(tjInitCompress());
+  DP_CHECK(handle, "writing JPEG '", path, "': TurboJPEG: ", tjGetErrorStr2(nullptr));
+  const bool rgb = format == PixelFormat::kRgb;
+  unsigned char* raw = nullptr;
+  unsigned long size = 0;
+  const int status = tjCompress2(handle.get(), pixels, width, 0, height, rgb ? TJPF_RGB : TJPF_GRAY,
+                                 &raw, &size, rgb ? TJSAMP_420 : TJSAMP_GRAY, quality, 0);
+  TjBuffer jpeg(raw);  // owns whatever TurboJPEG allocated, also on failure
+  if (status != 0) fail("writing JPEG '", path, "': TurboJPEG: ", tjGetErrorStr2(handle.get()));
+  write_file(path, jpeg.get(), size);
+}
+
+void write_png(const std::string& path, const uint8_t* pixels, int width, int height,
+               int channels) {
+  encode_png(path, pixels, width, height, channels, false);
+}
+
+std::vector<uint8_t> encode_png(const uint8_t* pixels, int width, int height, int channels) {
+  return png_bytes("(in memory)", pixels, width, height, channels, false);
+}
+
+void write_png16(const std::string& path, const uint16_t* pixels, int width, int height,
+                 int channels) {
+  encode_png(path, pixels, width, height, channels, true);
+}
+
+Image resize_bilinear(const Image& src, int width, int height) {
+  check_resize(src, width, height);
+  const std::vector<Tap> xs = bilinear_taps(src.width, width);
+  const std::vector<Tap> ys = bilinear_taps(src.height, height);
+  const int c = src.channels;
+  Image dst{width, height, c, std::vector<uint8_t>(static_cast<size_t>(width) * height * c)};
+  for (int y = 0; y < height; ++y) {
+    const Tap& ty = ys[static_cast<size_t>(y)];
+    const uint8_t* r0 = &src.pixels[static_cast<size_t>(ty.i0) * src.width * c];
+    const uint8_t* r1 = &src.pixels[static_cast<size_t>(ty.i1) * src.width * c];
+    uint8_t* out = &dst.pixels[static_cast<size_t>(y) * width * c];
+    for (int x = 0; x < width; ++x) {
+      const Tap& tx = xs[static_cast<size_t>(x)];
+      for (int k = 0; k < c; ++k) {
+        const float top = r0[tx.i0 * c + k] + tx.w1 * (r0[tx.i1 * c + k] - r0[tx.i0 * c + k]);
+        const float bottom = r1[tx.i0 * c + k] + tx.w1 * (r1[tx.i1 * c + k] - r1[tx.i0 * c + k]);
+        const float v = top + ty.w1 * (bottom - top);
+        out[x * c + k] = static_cast<uint8_t>(std::clamp(std::lround(v), 0L, 255L));
+      }
+    }
+  }
+  return dst;
+}
+
+Image resize_nearest(const Image& src, int width, int height) {
+  check_resize(src, width, height);
+  const int c = src.channels;
+  Image dst{width, height, c, std::vector<uint8_t>(static_cast<size_t>(width) * height * c)};
+  // Source of destination index d: floor((d + 0.5) * src / dst), in integers.
+  auto source = [](int d, int src_size, int dst_size) {
+    return static_cast<int>((2 * static_cast<int64_t>(d) + 1) * src_size / (2 * dst_size));
+  };
+  for (int y = 0; y < height; ++y) {
+    const int sy = source(y, src.height, height);
+    for (int x = 0; x < width; ++x) {
+      const int sx = source(x, src.width, width);
+      std::copy_n(&src.pixels[(static_cast<size_t>(sy) * src.width + sx) * c], c,
+                  &dst.pixels[(static_cast<size_t>(y) * width + x) * c]);
+    }
+  }
+  return dst;
+}
+
+}  // namespace dp::data

@@ -1,0 +1,420 @@
+// dpprep build and info: image/mask folders -> dataset v1 (stratified split), and file inspection.
+#include "dp/prepare.hpp"
+
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "dp/dataset.hpp"
+#include "dp/error.hpp"
+#include "dp/h5.hpp"
+#include "dp/image_io.hpp"
+#include "dp/rng.hpp"
+
+namespace dp::data {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kChannels = 3;
+constexpr size_t kMaxListed = 5;  // offenders named in an error message
+constexpr int kMaxRank = 8;       // of a dataset, for chunk queries
+constexpr int64_t kPrepVersion = 1;
+// Split streams: positives (masks with a crack pixel) and negatives are shuffled separately.
+constexpr uint64_t kNegativeStream = 0, kPositiveStream = 1;
+
+struct Pair {
+  std::string stem, image, mask;
+  bool val = false;
+  bool crack = false;  // the (binarised, resized) mask has a crack pixel
+};
+
+struct Folder {
+  std::map<std::string, std::string> files;  // stem -> path
+  int64_t ignored = 0;
+};
+
+Folder list_folder(const std::string& dir, const char* what) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(dir, ec);
+  DP_CHECK(!ec && fs::exists(st), what, " folder '", dir, "' does not exist");
+  DP_CHECK(fs::is_directory(st), what, " folder '", dir, "' is not a folder");
+  Folder folder;
+  fs::directory_iterator it(dir, ec);
+  DP_CHECK(!ec, "cannot list ", what, " folder '", dir, "': ", ec.message());
+  for (const fs::directory_entry& e : it) {
+    const std::string name = e.path().filename().string();
+    // Hidden files (e.g. macOS's "._x.jpg") and other extensions are not images.
+    if (name.empty() || name[0] == '.' || !has_image_extension(name) || e.is_directory(ec)) {
+      ++folder.ignored;
+      continue;
+    }
+    const std::string stem = e.path().stem().string();
+    const auto [at, inserted] = folder.files.emplace(stem, e.path().string());
+    DP_CHECK(inserted, "two ", what, " files have the stem '", stem, "': '", at->second, "' and '",
+             e.path().string(), "'; pairs are matched by stem, so keep one of them");
+  }
+  return folder;
+}
+
+std::string first_names(const std::vector<std::string>& names) {
+  std::string s;
+  for (size_t i = 0; i < std::min(names.size(), kMaxListed); ++i) {
+    s += str_cat(i ? ", " : "", fs::path(names[i]).filename().string());
+  }
+  if (names.size() > kMaxListed) s += ", ...";
+  return s;
+}
+
+// Pairs image and mask files by stem, in stem order (never by listing order).
+std::vector<Pair> pair_folders(const std::string& image_dir, const std::string& mask_dir,
+                               bool skip_unpaired, BuildReport& report) {
+  const Folder images = list_folder(image_dir, "image");
+  const Folder masks = list_folder(mask_dir, "mask");
+  report.ignored_files += images.ignored + masks.ignored;
+  std::vector<Pair> pairs;
+  std::vector<std::string> lonely_images, lonely_masks;
+  for (const auto& [stem, path] : images.files) {
+    const auto m = masks.files.find(stem);
+    if (m == masks.files.end()) {
+      lonely_images.push_back(path);
+    } else {
+      pairs.push_back({stem, path, m->second});
+    }
+  }
+  for (const auto& [stem, path] : masks.files) {
+    if (!images.files.count(stem)) lonely_masks.push_back(path);
+  }
+  if (!skip_unpaired && (!lonely_images.empty() || !lonely_masks.empty())) {
+    std::string msg = "unpaired files (pairs are matched by file stem):";
+    if (!lonely_images.empty()) {
+      msg += str_cat(" ", lonely_images.size(), " image(s) in '", image_dir, "' have no mask in '",
+                     mask_dir, "' (", first_names(lonely_images), ")");
+    }
+    if (!lonely_masks.empty()) {
+      msg += str_cat(lonely_images.empty() ? " " : "; ", lonely_masks.size(), " mask(s) in '",
+                     mask_dir, "' have no image in '", image_dir, "' (", first_names(lonely_masks),
+                     ")");
+    }
+    fail(msg, "; skip them with --skip-unpaired");
+  }
+  report.skipped_images += static_cast<int64_t>(lonely_images.size());
+  report.skipped_masks += static_cast<int64_t>(lonely_masks.size());
+  DP_CHECK(!pairs.empty(), "no image/mask pairs: '", image_dir, "' has ", images.files.size(),
+           " image file(s), '", mask_dir, "' has ", masks.files.size(),
+           " (.jpg, .jpeg or .png, paired by file stem)");
+  return pairs;
+}
+
+// Mask bytes -> {0,1} in place.
+void binarise(std::vector<uint8_t>& mask, int threshold) {
+  for (uint8_t& v : mask) v = v > threshold ? 1 : 0;
+}
+
+class Builder {
+ public:
+  Builder(const BuildOptions& options, const ProgressFn& progress)
+      : opt_(options), progress_(progress) {}
+
+  BuildReport run() {
+    check_options();
+    std::vector<Pair> pairs = pair_folders(opt_.images, opt_.masks, opt_.skip_unpaired, report_);
+    if (explicit_val()) {
+      std::vector<Pair> val =
+          pair_folders(opt_.val_images, opt_.val_masks, opt_.skip_unpaired, report_);
+      for (Pair& p : val) p.val = true;
+      pairs.insert(pairs.end(), val.begin(), val.end());
+    }
+    scan(pairs);
+    if (!explicit_val()) split(pairs);
+    std::vector<const Pair*> train, val;
+    for (const Pair& p : pairs) (p.val ? val : train).push_back(&p);
+    check_splits(train.size(), val.size(), pairs.size());
+    write(train, val);
+    return report_;
+  }
+
+ private:
+  bool explicit_val() const { return !opt_.val_images.empty(); }
+
+  void check_options() const {
+    DP_CHECK(!opt_.images.empty() && !opt_.masks.empty(), "an image and a mask folder are needed");
+    DP_CHECK(opt_.val_images.empty() == opt_.val_masks.empty(),
+             "validation folders: give both the images and the masks, or neither");
+    DP_CHECK(opt_.val_fraction >= 0 && opt_.val_fraction < 1, "validation fraction ",
+             opt_.val_fraction, " out of range [0, 1)");
+    DP_CHECK(opt_.mask_threshold >= 0 && opt_.mask_threshold < 255, "mask threshold ",
+             opt_.mask_threshold, " out of range [0, 254]");
+    DP_CHECK((opt_.resize_width == 0) == (opt_.resize_height == 0) && opt_.resize_width >= 0 &&
+                 opt_.resize_height >= 0 && opt_.resize_width <= kMaxImageSide &&
+                 opt_.resize_height <= kMaxImageSide,
+             "bad resize target ", opt_.resize_width, "x", opt_.resize_height);
+    DP_CHECK(!opt_.out.empty(), "no output file given");
+    // Fail before the long scan if the output cannot be written.
+    const fs::path parent = fs::path(opt_.out).parent_path();
+    const std::string dir = parent.empty() ? "." : parent.string();
+    std::error_code ec;
+    DP_CHECK(fs::is_directory(dir, ec), "cannot write '", opt_.out, "': folder '", dir,
+             "' does not exist");
+    DP_CHECK(::access(dir.c_str(), W_OK) == 0, "cannot write '", opt_.out, "': folder '", dir,
+             "' is not writable");
+    DP_CHECK(!fs::is_directory(opt_.out, ec), "cannot write '", opt_.out, "': it is a folder");
+  }
+
+  // Pass 1: image sizes (headers only) and masks (decoded, for the stratified split).
+  void scan(std::vector<Pair>& pairs) {
+    const Pair* first = nullptr;
+    int first_w = 0, first_h = 0;
+    const auto total = static_cast<int64_t>(pairs.size());
+    for (size_t i = 0; i < pairs.size(); ++i) {
+      Pair& p = pairs[i];
+      const ImageHeader ih = read_image_header(p.image);
+      Image mask = read_image(p.mask, PixelFormat::kGray);
+      check_pair(p, ih.width, ih.height, mask);
+      if (!first) {
+        first = &p;
+        first_w = ih.width;
+        first_h = ih.height;
+      } else if (!resizing() && (ih.width != first_w || ih.height != first_h)) {
+        fail("images differ in size: '", first->image, "' is ", first_w, "x", first_h, " but '",
+             p.image, "' is ", ih.width, "x", ih.height,
+             " (WxH); all images must share one size, or give --resize WxH");
+      }
+      p.crack = has_crack(std::move(mask));
+      if (progress_) progress_("reading masks", static_cast<int64_t>(i) + 1, total);
+    }
+    report_.width = resizing() ? opt_.resize_width : first_w;
+    report_.height = resizing() ? opt_.resize_height : first_h;
+    report_.resized = resizing();
+  }
+
+  bool resizing() const { return opt_.resize_width > 0; }
+
+  static void check_pair(const Pair& p, int width, int height, const Image& mask) {
+    DP_CHECK(mask.width == width && mask.height == height, "image '", p.image, "' is ", width, "x",
+             height, " but its mask '", p.mask, "' is ", mask.width, "x", mask.height, " (WxH)");
+  }
+
+  bool has_crack(Image mask) const {
+    if (resizing()) mask = resize_nearest(mask, opt_.resize_width, opt_.resize_height);
+    return std::any_of(mask.pixels.begin(), mask.pixels.end(),
+                       [&](uint8_t v) { return v > opt_.mask_threshold; });
+  }
+
+  // Stratified random split: a val_fraction of the masks with cracks and of those without.
+  void split(std::vector<Pair>& pairs) const {
+    for (const bool crack : {false, true}) {
+      std::vector<Pair*> group;
+      for (Pair& p : pairs) {
+        if (p.crack == crack) group.push_back(&p);
+      }
+      Rng rng(key(opt_.seed, crack ? kPositiveStream : kNegativeStream));
+      for (auto i = static_cast<int64_t>(group.size()) - 1; i > 0; --i) {
+        const auto j = static_cast<size_t>(rng.below(static_cast<uint64_t>(i + 1)));
+        std::swap(group[static_cast<size_t>(i)], group[j]);
+      }
+      const auto n_val =
+          static_cast<size_t>(std::llround(opt_.val_fraction * static_cast<double>(group.size())));
+      for (size_t i = 0; i < n_val; ++i) group[i]->val = true;
+    }
+  }
+
+  void check_splits(size_t n_train, size_t n_val, size_t n_pairs) const {
+    if (explicit_val()) {
+      DP_CHECK(n_train > 0, "the training split is empty (no pairs in '", opt_.images, "')");
+      return;
+    }
+    DP_CHECK(n_train > 0, "the training split would be empty: ", n_pairs,
+             " pair(s) with validation fraction ", opt_.val_fraction);
+    DP_CHECK(opt_.val_fraction == 0 || n_val > 0,
+             "the validation split would be empty: ", "validation fraction ", opt_.val_fraction,
+             " of ", n_pairs,
+             " pair(s) rounds to 0 in both strata (with and without cracks); use a larger "
+             "fraction, or 0 for no validation split");
+  }
+
+  // Pass 2: decode, convert and write every pair; the writer renames the file only at the end.
+  void write(const std::vector<const Pair*>& train, const std::vector<const Pair*>& val) {
+    const int h = report_.height, w = report_.width;
+    DatasetWriter writer(opt_.out, h, w, static_cast<int64_t>(train.size()),
+                         static_cast<int64_t>(val.size()), opt_.gzip_level);
+    const auto total = static_cast<int64_t>(train.size() + val.size());
+    int64_t done = 0;
+    for (const bool is_val : {false, true}) {
+      const char* split = is_val ? "val" : "train";
+      const std::vector<const Pair*>& items = is_val ? val : train;
+      int64_t& with_cracks = is_val ? report_.val_with_cracks : report_.train_with_cracks;
+      for (size_t i = 0; i < items.size(); ++i) {
+        const Pair& p = *items[i];
+        Image image = read_image(p.image, PixelFormat::kRgb);
+        Image mask = read_image(p.mask, PixelFormat::kGray);
+        check_pair(p, image.width, image.height, mask);
+        if (image.width != w || image.height != h) {
+          DP_CHECK(resizing(), "image '", p.image, "' changed size while dpprep was running");
+          image = resize_bilinear(image, w, h);
+          mask = resize_nearest(mask, w, h);
+        }
+        binarise(mask.pixels, opt_.mask_threshold);
+        with_cracks +=
+            std::any_of(mask.pixels.begin(), mask.pixels.end(), [](uint8_t v) { return v != 0; });
+        writer.write(split, static_cast<int64_t>(i), image.pixels.data(), mask.pixels.data());
+        if (progress_) progress_("writing", ++done, total);
+      }
+    }
+    writer.set_attr("dpprep_version", kPrepVersion);
+    writer.set_attr("source_images", fs::absolute(opt_.images).string());
+    writer.set_attr("source_masks", fs::absolute(opt_.masks).string());
+    if (explicit_val()) {
+      writer.set_attr("source_val_images", fs::absolute(opt_.val_images).string());
+      writer.set_attr("source_val_masks", fs::absolute(opt_.val_masks).string());
+    } else {
+      writer.set_attr("val_fraction", opt_.val_fraction);
+      writer.set_attr("split_seed", static_cast<int64_t>(opt_.seed));  // bit pattern of the seed
+    }
+    writer.set_attr("mask_threshold", static_cast<int64_t>(opt_.mask_threshold));
+    writer.set_attr("resized", static_cast<int64_t>(resizing()));
+    writer.commit();
+    report_.train = static_cast<int64_t>(train.size());
+    report_.val = static_cast<int64_t>(val.size());
+    const Dataset written(opt_.out, "train");
+    report_.pos_weight = written.pos_weight();
+    for (int c = 0; c < kChannels; ++c) {
+      report_.mean[c] = written.mean()[c];
+      report_.std[c] = written.std()[c];
+    }
+  }
+
+  const BuildOptions& opt_;
+  const ProgressFn& progress_;
+  BuildReport report_;
+};
+
+// Chunk shape and gzip level of a dataset, from its creation property list.
+void chunking(const std::string& path, const std::string& name, std::vector<int64_t>& chunk,
+              int& gzip_level) {
+  h5::File file(path, h5::Mode::kRead);
+  h5::Dataset ds = h5::Dataset::open(file, name);
+  std::lock_guard<std::recursive_mutex> lock(h5::mutex());
+  const hid_t raw = H5Dget_create_plist(ds.attrs().id());
+  DP_H5_CHECK(raw);
+  const h5::Id dcpl(raw);
+  chunk.clear();
+  gzip_level = 0;
+  if (H5Pget_layout(dcpl.get()) == H5D_CHUNKED) {
+    hsize_t dims[kMaxRank] = {};
+    const int rank = H5Pget_chunk(dcpl.get(), kMaxRank, dims);
+    DP_H5_CHECK(rank);
+    chunk.assign(dims, dims + rank);
+  }
+  const int filters = H5Pget_nfilters(dcpl.get());
+  DP_H5_CHECK(filters);
+  for (int i = 0; i < filters; ++i) {
+    unsigned flags = 0, values[1] = {};
+    size_t n_values = 1;
+    const H5Z_filter_t f = H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &n_values,
+                                          values, 0, nullptr, nullptr);
+    if (f == H5Z_FILTER_DEFLATE) gzip_level = n_values > 0 ? static_cast<int>(values[0]) : -1;
+  }
+}
+
+herr_t collect_attr_name(hid_t, const char* name, const H5A_info_t*, void* data) {
+  static_cast<std::vector<std::string>*>(data)->emplace_back(name);
+  return 0;
+}
+
+// The value of a root attribute as text: strings as they are, numbers (arrays too) printed.
+std::string attr_text(const h5::File& file, const std::string& name) {
+  H5T_class_t cls = H5T_NO_CLASS;
+  {
+    std::lock_guard<std::recursive_mutex> lock(h5::mutex());
+    const hid_t a = H5Aopen(file.id(), name.c_str(), H5P_DEFAULT);
+    DP_H5_CHECK(a);
+    const h5::Id attr(a);
+    const hid_t t = H5Aget_type(attr.get());
+    DP_H5_CHECK(t);
+    const h5::Id type(t);
+    cls = H5Tget_class(type.get());
+  }
+  if (cls == H5T_STRING) return file.attr_string(name);
+  if (cls != H5T_INTEGER && cls != H5T_FLOAT) return "(not a string or number)";
+  const std::vector<double> values = file.attr_doubles(name);
+  std::string s;
+  for (size_t i = 0; i < values.size(); ++i) {
+    s += str_cat(i ? " " : "", cls == H5T_INTEGER ? str_cat(static_cast<int64_t>(values[i]))
+                                                  : str_cat(values[i]));
+  }
+  return s;
+}
+
+}  // namespace
+
+BuildReport build_dataset(const BuildOptions& options, const ProgressFn& progress) {
+  return Builder(options, progress).run();
+}
+
+DatasetInfo inspect_dataset(const std::string& path, const ProgressFn& progress) {
+  DatasetInfo info;
+  info.path = path;
+  std::vector<Dataset> splits;
+  splits.emplace_back(path, "train");  // validates the format, attributes and train layout
+  {
+    h5::File file(path, h5::Mode::kRead);
+    info.format = file.attr_string("format");
+    if (file.exists("val")) splits.emplace_back(path, "val");
+    std::vector<std::string> names;
+    {
+      std::lock_guard<std::recursive_mutex> lock(h5::mutex());
+      hsize_t at = 0;
+      DP_H5_CHECK(
+          H5Aiterate2(file.id(), H5_INDEX_NAME, H5_ITER_INC, &at, collect_attr_name, &names));
+    }
+    for (const std::string& name : names) {
+      if (name == "format" || name == "pos_weight" || name == "mean" || name == "std") continue;
+      info.attributes.emplace_back(name, attr_text(file, name));
+    }
+  }
+  const Dataset& train = splits.front();
+  info.pos_weight = train.pos_weight();
+  info.has_stats = train.has_stats();
+  for (int c = 0; c < kChannels; ++c) {
+    info.mean[c] = train.mean()[c];
+    info.std[c] = train.std()[c];
+  }
+  int64_t total = 0, done = 0;
+  for (const Dataset& d : splits) total += d.size();
+  for (const Dataset& d : splits) {
+    SplitInfo s;
+    s.name = d.split();
+    s.count = d.size();
+    s.height = d.height();
+    s.width = d.width();
+    DP_CHECK(d.height() == train.height() && d.width() == train.width(), "'", path, "': split '",
+             d.split(), "' has images of ", d.height(), "x", d.width(), " but 'train' has ",
+             train.height(), "x", train.width(), " (HxW)");
+    int mask_gzip = 0;
+    chunking(path, s.name + "/images", s.image_chunk, s.gzip_level);
+    chunking(path, s.name + "/masks", s.mask_chunk, mask_gzip);
+    // Every mask is read: its values are checked (0/1) and its crack pixels counted.
+    const int64_t pixels = static_cast<int64_t>(d.height()) * d.width();
+    std::vector<uint8_t> mask(static_cast<size_t>(pixels));
+    for (int64_t i = 0; i < d.size(); ++i) {
+      d.read_mask(i, mask.data());
+      int64_t crack = 0;
+      for (uint8_t v : mask) crack += v;
+      s.crack_pixels += crack;
+      s.with_cracks += crack > 0;
+      if (progress) progress("checking masks", ++done, total);
+    }
+    s.pixels = pixels * d.size();
+    info.splits.push_back(std::move(s));
+  }
+  return info;
+}
+
+}  // namespace dp::data

@@ -1,0 +1,142 @@
+// Validation metrics (IoU, Dice/F1, precision, recall from counts), metrics.csv, the new checkpoint
+// fields, and dptrain's --val-every / --best-metric / --resume never as a user runs them.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+#include "dp/checkpoint.hpp"
+#include "dp/model.hpp"
+#include "test_util.hpp"
+#include "train/metrics.hpp"
+
+namespace dp {
+namespace {
+
+std::vector<std::string> lines(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> v;
+  for (std::string l; std::getline(in, l);) v.push_back(l);
+  return v;
+}
+
+TEST(Metrics, FromConfusionCounts) {
+  const app::Confusion c{6, 2, 4};  // TP, FP, FN
+  EXPECT_DOUBLE_EQ(c.iou(), 6.0 / 12.0);
+  EXPECT_DOUBLE_EQ(c.dice(), 12.0 / 18.0);
+  EXPECT_DOUBLE_EQ(c.precision(), 6.0 / 8.0);
+  EXPECT_DOUBLE_EQ(c.recall(), 6.0 / 10.0);
+  // Dice is the harmonic mean of precision and recall (F1).
+  EXPECT_NEAR(c.dice(), 2 * c.precision() * c.recall() / (c.precision() + c.recall()), 1e-15);
+  const app::Confusion empty;
+  EXPECT_EQ(empty.iou(), 0.0);
+  EXPECT_EQ(empty.dice(), 0.0);
+  EXPECT_EQ(empty.precision(), 0.0);
+  EXPECT_EQ(empty.recall(), 0.0);
+}
+
+TEST(Metrics, CsvHeaderOnceAndRowsKeptInStepWithTheCheckpoint) {
+  test::TempDir dir;
+  {
+    app::MetricsCsv csv(dir.path(), 0);
+    csv.append({1, 0.05, 0.7, 0.6, 0.1, 0.2, 0.3, 0.4, 50.0, 1.5});
+    csv.append({2, 0.05, 0.6, std::nan(""), std::nan(""), std::nan(""), std::nan(""), std::nan(""),
+                50.0, 1.5});
+  }
+  auto l = lines(dir.file("metrics.csv"));
+  ASSERT_EQ(l.size(), 3u);
+  EXPECT_EQ(l[0], app::MetricsCsv::kHeader);
+  EXPECT_EQ(l[1], "1,0.05,0.7,0.6,0.1,0.2,0.3,0.4,50,1.5");
+  EXPECT_EQ(l[2], "2,0.05,0.6,,,,,,50,1.5");  // not validated: empty fields
+  // Resuming from epoch 1 drops epoch 2's row; a fresh start (0 done) keeps only the header.
+  app::MetricsCsv(dir.path(), 1).append({2, 0.05, 0.5, 0.4, 0.1, 0.2, 0.3, 0.4, 60.0, 1.0});
+  l = lines(dir.file("metrics.csv"));
+  ASSERT_EQ(l.size(), 3u);
+  EXPECT_EQ(l[2].substr(0, 9), "2,0.05,0.");
+  app::MetricsCsv(dir.path(), 0);
+  EXPECT_EQ(lines(dir.file("metrics.csv")).size(), 1u);
+}
+
+TEST(Metrics, CheckpointKeepsBestMetricHistoriesAndMidEpochPosition) {
+  test::TempDir dir;
+  auto be = make_cpu_backend();
+  ModelConfig mc;
+  mc.width_divisor = 16;
+  auto m = make_model(mc, *be);
+  m->params().init_pytorch_default(1);
+  std::vector<float> momentum(size_t(m->params().arena_size()), 0.5f);
+  CheckpointMeta meta;
+  meta.model = "unet16";
+  meta.epoch = 1;
+  meta.train_loss = meta.valid_loss = meta.valid_iou = meta.epoch_seconds = {0.5};
+  meta.valid_dice = {0.25};
+  meta.valid_precision = {0.125};
+  meta.valid_recall = {0.75};
+  meta.best_metric = "dice";
+  meta.best_score = 0.25;
+  meta.epoch_step = 3;
+  meta.epoch_position = 12;
+  meta.epoch_partial = {1, 2, 3, 4, 5, 6, 7};
+  const std::string path = dir.file(mid_epoch_checkpoint_name(1, 3));
+  save_checkpoint(path, m->params(), momentum.data(), meta);
+  const CheckpointMeta r = load_checkpoint(path, m->params(), momentum.data());
+  EXPECT_EQ(r.best_metric, "dice");
+  EXPECT_EQ(r.best_score, 0.25);
+  EXPECT_EQ(r.valid_dice, meta.valid_dice);
+  EXPECT_EQ(r.valid_precision, meta.valid_precision);
+  EXPECT_EQ(r.valid_recall, meta.valid_recall);
+  EXPECT_EQ(r.epoch_step, 3);
+  EXPECT_EQ(r.epoch_position, 12);
+  EXPECT_EQ(r.epoch_partial, meta.epoch_partial);
+  // Listed newest first by (epochs done, step): model_epoch_1_step_3 is after model_epoch_1.
+  save_checkpoint(dir.file(epoch_checkpoint_name(1)), m->params(), momentum.data(), meta);
+  save_checkpoint(dir.file(epoch_checkpoint_name(2)), m->params(), momentum.data(), meta);
+  const auto found = list_checkpoints(dir.path());
+  ASSERT_EQ(found.size(), 3u);
+  EXPECT_EQ(found[0].path, dir.file("model_epoch_2.h5"));
+  EXPECT_EQ(found[1].path, path);
+  EXPECT_EQ(found[2].path, dir.file("model_epoch_1.h5"));
+}
+
+std::string dptrain(int np, const std::string& args) {
+  return std::string(DP_MPIEXEC) + " -n " + std::to_string(np) + " " + DP_DPTRAIN + " " + args;
+}
+
+TEST(MetricsCli, ValEveryBestMetricAndMetricsCsv) {
+  test::TempDir dir;
+  test::write_tiny_dataset(dir.file("tiny.h5"), 8, 4, 32);
+  const std::string common = "--data " + dir.file("tiny.h5") +
+                             " --width-divisor 16 --batch-size 2 --model-dir " + dir.file("run");
+  const auto r =
+      test::run_command(dptrain(2, common + " --epochs 3 --val-every 2 --best-metric dice"));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("epoch 1/3  lr 0.05  train_loss"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(not validated)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("dice "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("done: best epoch 2 (dice "), std::string::npos) << r.output;
+  const auto l = lines(dir.file("run/metrics.csv"));
+  ASSERT_EQ(l.size(), 4u) << r.output;
+  EXPECT_EQ(l[0], app::MetricsCsv::kHeader);
+  EXPECT_EQ(l[1].find("1,0.05,"), 0u);
+  EXPECT_NE(l[1].find(",,,,,"), std::string::npos) << l[1];  // epoch 1 not validated
+  EXPECT_EQ(l[2].find(",,"), std::string::npos) << l[2];
+  EXPECT_EQ(l[3].find(",,"), std::string::npos) << l[3];
+  const CheckpointMeta meta = read_checkpoint_meta(dir.file("run/model_epoch_3.h5"));
+  EXPECT_EQ(meta.best_metric, "dice");
+  ASSERT_EQ(meta.valid_dice.size(), 3u);
+  EXPECT_TRUE(std::isnan(meta.valid_dice[0]));
+
+  // Bad values are usage errors; --resume none is an alias of never (starts over, says so).
+  for (const char* bad : {" --best-metric f1", " --val-every 0"}) {
+    const auto b = test::run_command(dptrain(1, common + bad));
+    EXPECT_EQ(b.status, 2) << b.output;
+  }
+  const auto n = test::run_command(dptrain(1, common + " --epochs 1 --resume none"));
+  EXPECT_EQ(n.status, 0) << n.output;
+  EXPECT_NE(n.output.find("--resume never: starting over"), std::string::npos) << n.output;
+  EXPECT_EQ(lines(dir.file("run/metrics.csv")).size(), 2u);
+}
+
+}  // namespace
+}  // namespace dp

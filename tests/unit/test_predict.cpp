@@ -1,0 +1,451 @@
+// dppredict: tile geometry and blending against a pointwise model, tiled == untiled at the
+// training size, any image size in and out, IoU equal to dptrain's validation, bad input.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+
+#include "dp/checkpoint.hpp"
+#include "dp/comm.hpp"
+#include "dp/dataset.hpp"
+#include "dp/image_io.hpp"
+#include "dp/loader.hpp"
+#include "dp/synth.hpp"
+#include "predict/normalization.hpp"
+#include "predict/predictor.hpp"
+#include "predict/run.hpp"
+#include "predict/tiling.hpp"
+#include "test_util.hpp"
+#include "train/trainer.hpp"
+
+namespace dp {
+namespace {
+
+using app::Normalization;
+
+constexpr int kSize = 64;          // training images of the fixture: 64x64
+constexpr double kProbTol = 1e-6;  // probabilities: float rounding only
+constexpr double kIouTol = 1e-6;
+constexpr float kThresholdGap = 1e-5f;  // far above float rounding of a probability (~6e-8)
+
+int count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+std::string mpi(int np, const std::string& binary, const std::string& args) {
+  return std::string(DP_MPIEXEC) + " -n " + std::to_string(np) + " " + binary + " " + args;
+}
+
+// dppredict without mpiexec (an MPI singleton). Open MPI keeps allocations until exit, so in the
+// sanitizer build the leak check is off for it, as DP_MPIEXEC's -x does for ranks it starts.
+std::string alone() {
+  return std::string("ASAN_OPTIONS=detect_leaks=0 ") + DP_DPPREDICT;
+}
+
+float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
+
+// The number after "<name> " in dppredict's metrics line (NaN if absent).
+double printed(const std::string& output, const std::string& name) {
+  std::smatch match;
+  if (!std::regex_search(output, match, std::regex("metrics on .* " + name + " ([0-9.]+)")))
+    return std::nan("");
+  return std::stod(match[1]);
+}
+
+// A double as text that parses back to the same value.
+std::string str_cat_exact(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// A deterministic RGB test image with every byte value in use.
+data::Image test_image(int width, int height, uint64_t seed) {
+  data::Image img{width, height, 3, std::vector<uint8_t>(size_t(width) * height * 3)};
+  uint64_t s = seed;
+  for (uint8_t& v : img.pixels) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    v = uint8_t(s >> 56);
+  }
+  return img;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Geometry and blending, no network
+
+TEST(Tiling, StartsCoverTheAxisWithAtLeastTheOverlap) {
+  for (const int tile : {32, 64}) {
+    for (const int overlap : {0, 8, 16, tile - 1}) {
+      for (int length = 1; length <= 300; ++length) {
+        const std::vector<int> s = app::tile_starts(length, tile, overlap);
+        SCOPED_TRACE(testing::Message()
+                     << "length " << length << " tile " << tile << " overlap " << overlap);
+        if (length <= tile) {
+          ASSERT_EQ(s.size(), 1u);
+          EXPECT_EQ(s[0], -((tile - length) / 2));  // centred, the rest reflect padding
+          continue;
+        }
+        const int stride = tile - overlap;
+        EXPECT_EQ(int(s.size()), (length - tile + stride - 1) / stride + 1);  // as few as can
+        EXPECT_EQ(s.front(), 0);
+        EXPECT_EQ(s.back(), length - tile);  // flush with the end: no tile reads outside
+        for (size_t i = 1; i < s.size(); ++i) {
+          EXPECT_GT(s[i], s[i - 1]);
+          EXPECT_LE(s[i] - s[i - 1], stride);  // neighbours share >= overlap pixels
+        }
+      }
+    }
+  }
+  EXPECT_THROW(app::tile_starts(10, 32, 32), Error);
+}
+
+TEST(Tiling, ReflectIndexMirrorsWithoutRepeatingTheEdge) {
+  const std::vector<int> expected = {3, 2, 1, 0, 1, 2, 3, 2, 1, 0, 1};  // i = -3 .. 7, length 4
+  for (int i = -3; i <= 7; ++i) EXPECT_EQ(app::reflect_index(i, 4), expected[size_t(i + 3)]) << i;
+  EXPECT_EQ(app::reflect_index(-100, 1), 0);
+  EXPECT_EQ(app::reflect_index(12345, 1), 0);
+  EXPECT_EQ(app::reflect_index(-2, 2), 0);
+}
+
+TEST(Tiling, WindowIsPositiveSymmetricAndPeaksInTheMiddle) {
+  const std::vector<float> w = app::window_weights(32);
+  for (size_t i = 0; i < w.size(); ++i) {
+    EXPECT_GT(w[i], 0.0f);
+    EXPECT_LE(w[i], 1.0f);
+    EXPECT_FLOAT_EQ(w[i], w[w.size() - 1 - i]);
+  }
+  EXPECT_LT(w[0], 0.01f);
+  EXPECT_GT(w[15], 0.99f);
+}
+
+// A "network" whose logit at a pixel depends on that pixel alone: blending any number of
+// overlapping tiles, with any weights, must give back exactly its per-pixel probability, so every
+// offset, reflection or weight-normalisation mistake shows.
+TEST(Tiling, BlendingReproducesAPointwiseModelAtAnySize) {
+  constexpr int kTileH = 32, kTileW = 48, kOverlap = 12, kBatch = 3;
+  const Normalization norm{data::kImagenetMean, data::kImagenetStd};
+  const app::NormalizationLut lut = app::normalization_lut(norm);
+  auto pointwise = [](const float* px) { return 2.0f * px[0] - px[1] + 0.5f * px[2] - 0.25f; };
+  std::vector<float> logits(size_t(kBatch) * kTileH * kTileW);
+  int forwards = 0;
+  app::TiledRunner runner(
+      [&](const float* input, int n) {
+        EXPECT_LE(n, kBatch);
+        ++forwards;
+        for (size_t i = 0; i < size_t(n) * kTileH * kTileW; ++i)
+          logits[i] = pointwise(input + 3 * i);
+        return logits.data();
+      },
+      norm, kTileH, kTileW, kOverlap, kBatch);
+  // Larger than a tile both ways; smaller both ways (reflect padding); exactly one tile; mixed.
+  const std::vector<std::pair<int, int>> sizes = {
+      {1000, 700}, {13, 20}, {48, 32}, {1, 1}, {100, 7}};
+  std::map<size_t, int> done;
+  for (size_t id = 0; id < sizes.size(); ++id) {
+    const auto [w, h] = sizes[id];
+    runner.submit(id, test_image(w, h, id),
+                  [&, w = w, h = h](size_t got, const data::Image& img, std::vector<float>& prob) {
+                    ++done[got];
+                    ASSERT_EQ(img.width, w);
+                    ASSERT_EQ(img.height, h);
+                    ASSERT_EQ(prob.size(), size_t(w) * h);
+                    double worst = 0;
+                    for (size_t i = 0; i < prob.size(); ++i) {
+                      float px[3];
+                      for (int c = 0; c < 3; ++c)
+                        px[c] = lut[size_t(c)][img.pixels[3 * i + size_t(c)]];
+                      worst = std::max(worst, std::abs(double(prob[i]) - sigmoid(pointwise(px))));
+                    }
+                    EXPECT_LE(worst, kProbTol) << "image " << got << " (" << w << "x" << h << ")";
+                  });
+  }
+  runner.flush();
+  EXPECT_EQ(done.size(), sizes.size());
+  for (const auto& [id, n] : done) EXPECT_EQ(n, 1) << id;
+  int64_t tiles = 0;
+  for (const auto& [w, h] : sizes) tiles += runner.tiles_for(h, w);
+  EXPECT_EQ(forwards, (tiles + kBatch - 1) / kBatch);  // tiles of different images share batches
+}
+
+TEST(Normalization, RecordedStatisticsRoundTripExactly) {
+  const Normalization n{{0.123456789f, 0.5f, 1.0f / 3}, {0.2f, 0.0039215689f, 0.7f}};
+  const Normalization back = app::normalization_from_options(
+      "data = x.h5\nnormalize = dataset\n" + app::describe_normalization(n), "ckpt.h5");
+  EXPECT_EQ(back.mean, n.mean);
+  EXPECT_EQ(back.std, n.std);
+  // Older checkpoints: ImageNet's statistics, or the named dataset's; none found is an error.
+  EXPECT_EQ(app::normalization_from_options("normalize = imagenet\n", "c.h5").mean,
+            data::kImagenetMean);
+  EXPECT_EQ(app::normalization_from_options("", "c.h5").std, data::kImagenetStd);
+  try {
+    app::normalization_from_options("normalize = dataset\ndata = /nonexistent.h5\n", "c.h5");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'c.h5' was trained with --normalize dataset"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("/nonexistent.h5"), std::string::npos) << e.what();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// With a model trained for one epoch by dptrain
+
+class Predict : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = new test::TempDir;
+    data_ = dir_->file("synth.h5");
+    test::write_tiny_dataset(data_, 32, 8, kSize);
+    // --pos-weight and a larger LR: after one epoch the predictions are a mix of crack and
+    // background (not all one class), so the IoU comparison below is a real one.
+    const auto r = test::run_command(
+        mpi(1, DP_DPTRAIN,
+            "--data " + data_ + " --width-divisor 16 --batch-size 2 --epochs 1 --lr 0.1 " +
+                "--pos-weight --threshold 0.5 --model-dir " + dir_->file("run")));
+    ASSERT_EQ(r.status, 0) << r.output;
+    checkpoint_ = dir_->file("run/model_epoch_1.h5");
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    dir_ = nullptr;
+  }
+  static std::string dppredict(int np, const std::string& args) {
+    return mpi(np, DP_DPPREDICT, "-c " + checkpoint_ + " " + args);
+  }
+  static test::TempDir* dir_;
+  static std::string data_, checkpoint_;
+};
+test::TempDir* Predict::dir_ = nullptr;
+std::string Predict::data_, Predict::checkpoint_;
+
+TEST_F(Predict, TiledEqualsUntiledAtTheTrainingSize) {
+  app::Predictor predictor(checkpoint_, {});
+  ASSERT_EQ(predictor.tile_height(), kSize);
+  ASSERT_EQ(predictor.tile_width(), kSize);
+  EXPECT_EQ(predictor.overlap(), kSize / 4);
+  // The oracle: the network on the whole image in one forward pass, normalised as training did.
+  const CheckpointMeta meta = read_checkpoint_meta(checkpoint_);
+  auto backend = make_cpu_backend();
+  auto model = make_model({meta.model, int(meta.width_divisor), meta.deconv != 0}, *backend);
+  model->setup(1, kSize, kSize);
+  model->set_training(false);
+  load_checkpoint(checkpoint_, model->params(), nullptr, &model->buffers());
+  const data::Dataset val(data_, "val");
+  const Normalization norm{data::kImagenetMean, data::kImagenetStd};
+  const app::NormalizationLut lut = app::normalization_lut(norm);
+  for (const int64_t index : {int64_t{0}, val.size() - 1}) {
+    data::Image img{kSize, kSize, 3, std::vector<uint8_t>(kSize * kSize * 3)};
+    std::vector<uint8_t> mask(kSize * kSize);
+    val.read(index, img.pixels.data(), mask.data());
+    std::vector<float> input(img.pixels.size());
+    for (size_t i = 0; i < input.size(); ++i) input[i] = lut[i % 3][img.pixels[i]];
+    const float* logits = model->forward(input.data(), 1);
+    const std::vector<float> tiled = predictor.predict(img);
+    ASSERT_EQ(tiled.size(), size_t(kSize * kSize));
+    double worst = 0, lo = 1, hi = 0;
+    for (size_t i = 0; i < tiled.size(); ++i) {
+      worst = std::max(worst, std::abs(double(tiled[i]) - sigmoid(logits[i])));
+      lo = std::min(lo, double(tiled[i]));
+      hi = std::max(hi, double(tiled[i]));
+    }
+    EXPECT_LE(worst, kProbTol) << "sample " << index;
+    EXPECT_LT(lo, hi);  // not a constant map
+  }
+}
+
+TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
+  // 1. The run's own record: dptrain's validation IoU at 0.5 against dppredict under mpirun,
+  //    the validation files split across two ranks, the sums printed by rank 0.
+  const CheckpointMeta meta = read_checkpoint_meta(checkpoint_);
+  ASSERT_EQ(meta.valid_iou.size(), 1u);
+  auto r = test::run_command(dppredict(2, "--dataset " + data_ + " -q"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, "metrics on"), 1) << r.output;  // rank 0 only
+  EXPECT_NE(r.output.find("(8 images, 32768 pixels, threshold 0.5)"), std::string::npos)
+      << r.output;
+  EXPECT_NEAR(printed(r.output, "iou"), meta.valid_iou[0], kIouTol) << r.output;
+
+  // 2. A threshold that splits the pixels (after one epoch the probabilities may all sit on one
+  //    side of 0.5): between two distinct probabilities near the 90th percentile, so that no
+  //    pixel is within rounding of it. dptrain's validation (Trainer::validate) at that
+  //    threshold against dppredict, in process (exact sums) and under mpirun.
+  app::Predictor predictor(checkpoint_, {});
+  const data::Dataset val(data_, "val");
+  std::vector<float> probs;
+  for (int64_t i = 0; i < val.size(); ++i) {
+    data::Image img{kSize, kSize, 3, std::vector<uint8_t>(kSize * kSize * 3)};
+    std::vector<uint8_t> mask(kSize * kSize);
+    val.read(i, img.pixels.data(), mask.data());
+    const std::vector<float> p = predictor.predict(img);
+    probs.insert(probs.end(), p.begin(), p.end());
+  }
+  std::sort(probs.begin(), probs.end());
+  size_t k = probs.size() * 9 / 10;
+  while (k + 1 < probs.size() && probs[k + 1] - probs[k] < kThresholdGap) ++k;
+  ASSERT_LT(k + 1, probs.size()) << "no gap in the probabilities above the 90th percentile";
+  const double threshold = 0.5 * (double(probs[k]) + double(probs[k + 1]));
+
+  app::TrainOptions to;
+  to.data = data_;
+  to.width_divisor = 16;
+  to.batch_size = 2;
+  to.epochs = 1;
+  to.resume = checkpoint_;
+  to.threshold = threshold;
+  to.model_dir = dir_->file("validate");
+  SelfComm self;
+  app::Trainer trainer(to, self, Logger(1));
+  const app::EpochMetrics validation = trainer.validate();
+  ASSERT_EQ(validation.samples, 8);
+
+  app::PredictOptions o;
+  o.checkpoint = checkpoint_;
+  o.dataset = data_;
+  o.split = "val";
+  o.threshold = threshold;
+  o.quiet = true;
+  app::SegmentationMetrics m;
+  ASSERT_EQ(app::run_predict(o, self, Logger(1), &m), 0);
+  EXPECT_EQ(m.images, 8);
+  EXPECT_EQ(m.pixels, 8 * kSize * kSize);
+  EXPECT_GT(m.tp, 0);  // cracks found, and both classes predicted
+  EXPECT_GT(m.pixels - m.tp - m.fp, 0);
+  EXPECT_NEAR(m.iou(), validation.iou, kIouTol) << "threshold " << threshold;
+  EXPECT_NEAR(m.dice(), 2.0 * double(m.tp) / double(std::max<int64_t>(1, 2 * m.tp + m.fp + m.fn)),
+              1e-12);
+  r = test::run_command(
+      dppredict(2, "--dataset " + data_ + " -q --threshold " + str_cat_exact(threshold)));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NEAR(printed(r.output, "iou"), validation.iou, kIouTol) << r.output;
+  EXPECT_NEAR(printed(r.output, "precision"), m.precision(), kIouTol) << r.output;
+  EXPECT_NEAR(printed(r.output, "recall"), m.recall(), kIouTol) << r.output;
+}
+
+TEST_F(Predict, ImagesOfAnySizeAndFormatGiveMasksOfTheirSize) {
+  const std::string in = dir_->file("photos"), out = dir_->file("out");
+  std::filesystem::create_directories(in);
+  // A 1000x700 photograph (synthetic cracks), a grayscale JPEG and a 16-bit PNG of odd sizes.
+  data::SynthOptions so;
+  so.width = 1000;
+  so.height = 700;
+  data::Image big{1000, 700, 3, std::vector<uint8_t>(1000 * 700 * 3)};
+  std::vector<uint8_t> big_mask(1000 * 700);
+  data::render_synthetic(so, 3, big.pixels.data(), big_mask.data());
+  data::write_png(in + "/big.png", big.pixels.data(), 1000, 700, 3);
+  std::vector<uint8_t> gray(37 * 50, 90);
+  data::write_jpeg(in + "/gray.JPG", gray.data(), 37, 50, data::PixelFormat::kGray, 90);
+  std::vector<uint16_t> deep(45 * 20 * 3, 30000);
+  data::write_png16(in + "/deep.png", deep.data(), 45, 20, 3);
+  std::ofstream(in + "/notes.txt") << "not an image, not listed";
+  std::ofstream(in + "/._big.png") << "macOS metadata, hidden, not listed";
+
+  const auto r = test::run_command(dppredict(2, "-o " + out + " --overlay --save-prob " + in));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("3 image(s) on 2 rank(s)"), std::string::npos) << r.output;
+  const std::map<std::string, std::pair<int, int>> expected = {
+      {"big", {1000, 700}}, {"gray", {37, 50}}, {"deep", {45, 20}}};
+  for (const auto& [stem, size] : expected) {
+    for (const char* sub : {"masks", "prob", "overlay"}) {
+      const std::string path = out + "/" + sub + "/" + stem + ".png";
+      ASSERT_TRUE(std::filesystem::exists(path)) << path << "\n" << r.output;
+      const data::ImageHeader h = data::read_image_header(path);
+      EXPECT_EQ(h.width, size.first) << path;
+      EXPECT_EQ(h.height, size.second) << path;
+    }
+  }
+  // Mask = probability > 0.5 (the probability PNG holds round(255 p)); the overlay is the image
+  // where the mask is off and tinted red where it is on.
+  const data::Image mask = data::read_image(out + "/masks/big.png", data::PixelFormat::kGray);
+  const data::Image prob = data::read_image(out + "/prob/big.png", data::PixelFormat::kGray);
+  const data::Image overlay = data::read_image(out + "/overlay/big.png", data::PixelFormat::kRgb);
+  const auto [lo, hi] = std::minmax_element(prob.pixels.begin(), prob.pixels.end());
+  EXPECT_LT(*lo, *hi);  // a map of this image, not a constant
+  for (size_t i = 0; i < mask.pixels.size(); ++i) {
+    const uint8_t v = mask.pixels[i], p = prob.pixels[i];
+    ASSERT_TRUE(v == 0 || v == 255) << int(v);
+    ASSERT_TRUE(v == 255 ? p >= 128 : p <= 128) << i << ": mask " << int(v) << ", p " << int(p);
+    const uint8_t* o = &overlay.pixels[3 * i];
+    const uint8_t* src = &big.pixels[3 * i];
+    if (v == 0)
+      ASSERT_TRUE(o[0] == src[0] && o[1] == src[1] && o[2] == src[2]) << i;
+    else
+      ASSERT_TRUE(o[0] >= src[0] && o[1] <= src[1] && o[2] <= src[2]) << i;
+  }
+  // --list with the same files: the same masks.
+  const std::string list = dir_->file("list.txt");
+  std::ofstream(list) << "# photographs\n" << in << "/gray.JPG\n\n" << in << "/deep.png\n";
+  const auto l = test::run_command(dppredict(1, "-q -o " + dir_->file("out2") + " --list " + list));
+  ASSERT_EQ(l.status, 0) << l.output;
+  EXPECT_TRUE(std::filesystem::exists(dir_->file("out2/masks/gray.png")));
+  EXPECT_TRUE(std::filesystem::exists(dir_->file("out2/masks/deep.png")));
+}
+
+TEST_F(Predict, BadInputIsOneErrorLineAndANonZeroExit) {
+  const std::string out = dir_->file("bad_out");
+  const std::string transparent = dir_->file("clear.png");
+  std::vector<uint8_t> rgba(8 * 8 * 4, 0);  // alpha 0 everywhere
+  data::write_png(transparent, rgba.data(), 8, 8, 4);
+  const std::string corrupt = dir_->file("corrupt.png");
+  std::ofstream(corrupt) << "\x89PNG\r\n\x1a\n but then nothing";
+  std::filesystem::create_directories(dir_->file("empty"));
+  std::filesystem::create_directories(dir_->file("a"));
+  std::filesystem::create_directories(dir_->file("b"));
+  const data::Image small = test_image(8, 8, 1);
+  data::write_png(dir_->file("a/x.png"), small.pixels.data(), 8, 8, 3);
+  data::write_png(dir_->file("b/x.png"), small.pixels.data(), 8, 8, 3);
+  struct Case {
+    int np;  // 0: the binary alone (an MPI singleton: a failing run ends faster than mpiexec's)
+    std::string args, message;
+    int status;
+  };
+  const std::vector<Case> cases = {
+      {0, "-o " + out + " " + transparent, "has transparent pixels", 1},
+      // Rank 1 fails on its file while rank 0 succeeds: still one line, and exit 1.
+      {2, "-o " + out + " " + dir_->file("a/x.png") + " " + transparent,
+       "[rank 1] PNG '" + transparent + "' has transparent pixels", 1},
+      {0, "-o " + out + " " + corrupt, "corrupt PNG '" + corrupt + "'", 1},
+      {0, "-o " + out + " " + dir_->file("absent.jpg"), "absent.jpg' does not exist", 1},
+      {0, "-o " + out + " " + dir_->file("empty"), "holds no images", 1},
+      {0, "-o " + out + " " + dir_->file("a") + " " + dir_->file("b"), "would both write", 1},
+      {0, "-o " + out + " --tile 48 " + transparent, "multiples of 32", 2},
+      {2, "-o " + out + " --threshold 1.5 " + transparent, "--threshold must be in (0, 1)", 2},
+      {0, "-o " + out, "nothing to predict", 2},
+      {0, transparent, "--out is required", 2},
+      {0, "--dataset " + data_ + " --split test", "--split must be train or val", 2},
+      {0, "--no-such-option", "unrecognised option", 2},
+  };
+  for (const Case& c : cases) {
+    const std::string args = "-c " + checkpoint_ + " " + c.args;
+    const auto r =
+        test::run_command(c.np == 0 ? alone() + " " + args : mpi(c.np, DP_DPPREDICT, args));
+    EXPECT_EQ(r.status, c.status) << c.args << "\n" << r.output;
+    EXPECT_EQ(count(r.output, "dppredict: error:"), 1) << c.args << "\n" << r.output;
+    EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
+  }
+  // Checkpoints: missing, or another kind of file.
+  const std::vector<std::pair<std::string, std::string>> checkpoints = {
+      {dir_->file("none.h5"), "' does not exist"}, {data_, data_}};
+  for (const auto& [path, message] : checkpoints) {
+    const auto r =
+        test::run_command(alone() + " -c " + path + " -o " + out + " " + dir_->file("a"));
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_EQ(count(r.output, "dppredict: error:"), 1) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  }
+  const auto h = test::run_command(alone() + " --help");
+  EXPECT_EQ(h.status, 0) << h.output;
+  EXPECT_NE(h.output.find("--overlap"), std::string::npos) << h.output;
+}
+
+}  // namespace
+}  // namespace dp
