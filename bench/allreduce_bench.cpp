@@ -44,21 +44,22 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// Average seconds of `op` over the iterations, the slowest rank's, each iteration started
+// Median over the iterations of the slowest rank's seconds for `op`, each iteration started
 // together (barrier) so that the time is the collective's, not a rank's wait for a late peer.
+// The median, not the mean: the machine is shared, and a descheduled rank skews a mean.
 double time_op(const Args& a, MPI_Comm comm, const std::function<void()>& op) {
   for (int i = 0; i < a.warmup; ++i) op();
-  double total = 0;
+  std::vector<double> times;
   for (int i = 0; i < a.iters; ++i) {
     DP_MPI_CHECK(MPI_Barrier(comm));
     const double t0 = MPI_Wtime();
     op();
-    total += MPI_Wtime() - t0;
+    double mine = MPI_Wtime() - t0, slowest = 0;
+    DP_MPI_CHECK(MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm));
+    times.push_back(slowest);
   }
-  double slowest = 0;
-  const double mine = total / a.iters;
-  DP_MPI_CHECK(MPI_Allreduce(&mine, &slowest, 1, MPI_DOUBLE, MPI_MAX, comm));
-  return slowest;
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
 }
 
 // Every gradient of `ps` reported at once (the reducer's bandwidth, without backward to hide it).
@@ -128,8 +129,10 @@ int main(int argc, char** argv) {
     const Args a = parse(argc, argv);
     dp::mpi::MpiComm comm;
     if (comm.rank() == 0) {
-      std::printf("bench_allreduce: %d ranks, %d iterations (+%d warm-up), float32 sums in place\n",
-                  comm.size(), a.iters, a.warmup);
+      std::printf(
+          "bench_allreduce: %d ranks, median of %d iterations (+%d warm-up), float32 sums in "
+          "place\n",
+          comm.size(), a.iters, a.warmup);
       std::printf("| %-28s | %9s | %-56s | %9s | %7s | %7s |\n", "gradients", "MiB", "method",
                   "time ms", "algbw", "busbw");
       std::printf("|%s|%s|%s|%s|%s|%s|\n", std::string(30, '-').c_str(),

@@ -3,6 +3,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -32,8 +33,17 @@ std::string TrainOptions::describe() const {
      << "init_weights = " << init_weights << "\n"
      << "epochs = " << epochs << "\n"
      << "lr = " << lr << "\n"
+     << "optimizer = " << optimizer << "\n"
      << "momentum = " << momentum << "\n"
+     << "nesterov = " << nesterov << "\n"
      << "weight_decay = " << weight_decay << "\n"
+     << "adam_beta1 = " << adam_beta1 << "\n"
+     << "adam_beta2 = " << adam_beta2 << "\n"
+     << "adam_eps = " << adam_eps << "\n"
+     << "lr_schedule = " << lr_schedule << "\n"
+     << "warmup_epochs = " << warmup_epochs << "\n"
+     << "lr_scaling = " << lr_scaling << "\n"
+     << "clip_grad_norm = " << clip_grad_norm << "\n"
      << "lr_step = " << lr_step << "\n"
      << "lr_gamma = " << lr_gamma << "\n"
      << "threshold = " << threshold << "\n"
@@ -42,6 +52,7 @@ std::string TrainOptions::describe() const {
      << "pos_weight = " << use_pos_weight << "\n"
      << "seed = " << seed << "\n"
      << "device = " << device << "\n"
+     << "threads = " << threads << "\n"
      << "bucket_mb = " << bucket_mb << "\n"
      << "overlap = " << overlap << "\n"
      << "accumulation_steps = " << accumulation_steps << "\n"
@@ -49,9 +60,38 @@ std::string TrainOptions::describe() const {
      << "check_sync_every = " << check_sync_every << "\n"
      << "model_dir = " << model_dir << "\n"
      << "resume = " << resume << "\n"
+     << "config = " << config << "\n"
+     << "max_steps = " << max_steps << "\n"
+     << "log_every = " << log_every << "\n"
+     << "progress = " << progress << "\n"
+     << "log_all_ranks = " << log_all_ranks << "\n"
+     << "save_every = " << save_every << "\n"
+     << "keep_last = " << keep_last << "\n"
      << "report = " << report << "\n";
   return os.str();
 }
+
+namespace {
+
+// Reads an INI file of options into `vm` (values already there, from the command line, stay).
+// An unknown key, a bad value or an unreadable file is a UsageError naming the file.
+void store_config_file(const std::string& path, const po::options_description& options,
+                       po::variables_map& vm) {
+  std::ifstream in(path);
+  if (!in) throw UsageError(str_cat("--config '", path, "': cannot read the file"));
+  try {
+    const po::parsed_options parsed = po::parse_config_file(in, options, false);
+    for (const po::option& opt : parsed.options)
+      if (opt.string_key == "config" || opt.string_key == "help")
+        throw UsageError(str_cat("--config '", path, "': '", opt.string_key,
+                                 "' is allowed on the command line only"));
+    po::store(parsed, vm);
+  } catch (const po::error& e) {
+    throw UsageError(str_cat("--config '", path, "': ", e.what()));
+  }
+}
+
+}  // namespace
 
 std::optional<TrainOptions> parse_train_options(int argc, const char* const* argv,
                                                 bool print_help) {
@@ -92,8 +132,23 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   optim.add_options()("epochs", po::value(&o.epochs)->default_value(o.epochs),
                       "epochs to train in total")("lr", po::value(&o.lr)->default_value(o.lr),
                                                   "base learning rate")(
+      "optimizer", po::value(&o.optimizer)->default_value(o.optimizer),
+      "sgd or adamw (PyTorch semantics)")(
       "momentum", po::value(&o.momentum)->default_value(o.momentum), "SGD momentum")(
-      "weight-decay", po::value(&o.weight_decay)->default_value(o.weight_decay), "L2 weight decay")(
+      "nesterov", po::bool_switch(&o.nesterov), "SGD with Nesterov momentum")(
+      "weight-decay", po::value(&o.weight_decay)->default_value(o.weight_decay),
+      "weight decay (SGD: L2 added to the gradient; AdamW: decoupled)")(
+      "adam-beta1", po::value(&o.adam_beta1)->default_value(o.adam_beta1), "AdamW beta1")(
+      "adam-beta2", po::value(&o.adam_beta2)->default_value(o.adam_beta2), "AdamW beta2")(
+      "adam-eps", po::value(&o.adam_eps)->default_value(o.adam_eps), "AdamW epsilon")(
+      "lr-schedule", po::value(&o.lr_schedule)->default_value(o.lr_schedule),
+      "step (x --lr-gamma every --lr-step epochs) or cosine (to 0 at --epochs); per epoch")(
+      "warmup-epochs", po::value(&o.warmup_epochs)->default_value(o.warmup_epochs),
+      "linear warm-up: epoch e < W runs at lr x (e+1)/(W+1)")(
+      "lr-scaling", po::value(&o.lr_scaling)->default_value(o.lr_scaling),
+      "scale --lr by world size x accumulation steps: none, linear or sqrt")(
+      "clip-grad-norm", po::value(&o.clip_grad_norm)->default_value(o.clip_grad_norm),
+      "clip the global L2 norm of the averaged gradients to this (0: off)")(
       "lr-step", po::value(&o.lr_step)->default_value(o.lr_step), "epochs between LR decays")(
       "lr-gamma", po::value(&o.lr_gamma)->default_value(o.lr_gamma), "LR decay factor")(
       "pos-weight", po::bool_switch(&o.use_pos_weight),
@@ -103,9 +158,11 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
                                        "seed of init, shuffling and augmentation")(
       "max-steps", po::value(&o.max_steps)->default_value(o.max_steps),
       "stop each epoch after N steps (-1: all)");
-  po::options_description exec("Execution");
-  exec.add_options()("device", po::value(&o.device)->default_value(o.device), "auto, cpu or cuda");
-  po::options_description dist("Distribution");
+  po::options_description exec("Devices");
+  exec.add_options()("device", po::value(&o.device)->default_value(o.device), "auto, cpu or cuda")(
+      "threads", po::value(&o.threads)->default_value(o.threads),
+      "CPU threads per rank (0: OMP_NUM_THREADS, or what the rank's core binding allows)");
+  po::options_description dist("Distributed");
   dist.add_options()("bucket-mb", po::value(&o.bucket_mb)->default_value(o.bucket_mb),
                      "gradient all-reduce bucket size in MiB (the first bucket is 1 MiB)")(
       "no-overlap", po::bool_switch(), "all-reduce gradients after backward, not during it")(
@@ -118,31 +175,53 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   // Benchmark-only switches: parsed, not shown by --help.
   po::options_description hidden("Hidden");
   hidden.add_options()("bench-skip-allreduce", po::bool_switch(&o.bench_skip_allreduce),
-                       "benchmarks: skip the gradient all-reduce (ranks diverge)");
-  po::options_description out("Checkpointing and output");
+                       "benchmarks: skip the gradient all-reduce (ranks diverge)")(
+      "bench-step-times", po::bool_switch(&o.bench_step_times),
+      "benchmarks: rank 0 prints each step's wall time and, at the end, the peak memory");
+  po::options_description out("Checkpointing");
   out.add_options()("model-dir", po::value(&o.model_dir)->default_value(o.model_dir),
                     "directory for checkpoints")(
       "resume", po::value(&o.resume)->default_value(o.resume),
       "auto (the newest checkpoint in --model-dir that verifies, mid-epoch ones included), never "
       "(alias: none), or a checkpoint path")(
-      "val-every", po::value(&o.val_every)->default_value(o.val_every),
-      "validate every N epochs (and after the last)")(
+      "save-every", po::value(&o.save_every)->default_value(o.save_every),
+      "write model_epoch_<N>.h5 every E epochs (and after the last; model_best.h5 whenever an "
+      "epoch is the best)")(
+      "keep-last", po::value(&o.keep_last)->default_value(o.keep_last),
+      "keep only the newest K epoch checkpoints (0: all); model_best.h5 is never deleted")(
       "best-metric", po::value(&o.best_metric)->default_value(o.best_metric),
-      "chooses model_best.h5: valid_loss (lowest), iou or dice (highest)")(
+      "chooses model_best.h5: valid_loss (lowest), iou or dice (highest)");
+  po::options_description output("Output");
+  output.add_options()("val-every", po::value(&o.val_every)->default_value(o.val_every),
+                       "validate every N epochs (and after the last)")(
       "log-every", po::value(&o.log_every)->default_value(o.log_every),
-      "steps between progress lines")("log-all-ranks", po::bool_switch(&o.log_all_ranks),
+      "steps between progress lines (without the bar)")(
+      "progress", po::value(&o.progress)->default_value(o.progress),
+      "rank 0's progress: bar (redrawn in place), lines (every --log-every steps), or auto (bar "
+      "when stdout and stderr are terminals; under mpirun that means lines)")("log-all-ranks", po::bool_switch(&o.log_all_ranks),
                                       "log from every rank with a [rank r] prefix")(
       "report", po::bool_switch(&o.report),
-      "write report.html in --model-dir after every epoch (curves, sample predictions)")(
+      "write report.html in --model-dir after every epoch (curves, sample predictions)");
+  po::options_description general("General");
+  general.add_options()("config", po::value(&o.config),
+                        "INI file of options: 'name = value' lines, names as on the command line "
+                        "without '--' (switches: name = true); the command line overrides it")(
       "help,h", "show this help");
+  dist.add(exec);  // devices and threads under the distributed topic
   po::options_description all("Usage: mpirun -np N dptrain [options]");
-  all.add(data).add(model).add(optim).add(exec).add(dist).add(out);
+  all.add(general).add(data).add(model).add(optim).add(dist).add(out).add(output);
   po::options_description parsed;
   parsed.add(all).add(hidden);
 
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(parsed).run(), vm);
+  } catch (const po::error& e) {
+    throw UsageError(str_cat(e.what(), " (see --help)"));
+  }
+  // --config: stored after the command line, whose values therefore win.
+  if (vm.count("config")) store_config_file(vm["config"].as<std::string>(), parsed, vm);
+  try {
     po::notify(vm);
   } catch (const po::error& e) {
     throw UsageError(str_cat(e.what(), " (see --help)"));
@@ -159,6 +238,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
     if (!ok) throw UsageError(str_cat(msg...));
   };
   require(o.dropout >= 0 && o.dropout < 1, "--dropout must be in [0, 1), got ", o.dropout);
+  require(o.threads >= 0, "--threads must be >= 0, got ", o.threads);
   require(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
   require(o.prefetch >= 1, "--prefetch must be at least 1, got ", o.prefetch);
   constexpr int kMaxWorkers = 64;
@@ -172,15 +252,34 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(o.lr > 0, "--lr must be positive, got ", o.lr);
   require(o.momentum >= 0 && o.momentum < 1, "--momentum must be in [0, 1), got ", o.momentum);
   require(o.weight_decay >= 0, "--weight-decay must be >= 0, got ", o.weight_decay);
+  require(o.optimizer == "sgd" || o.optimizer == "adamw", "--optimizer must be sgd or adamw, got '",
+          o.optimizer, "'");
+  require(o.adam_beta1 >= 0 && o.adam_beta1 < 1, "--adam-beta1 must be in [0, 1), got ",
+          o.adam_beta1);
+  require(o.adam_beta2 >= 0 && o.adam_beta2 < 1, "--adam-beta2 must be in [0, 1), got ",
+          o.adam_beta2);
+  require(o.adam_eps > 0, "--adam-eps must be positive, got ", o.adam_eps);
+  require(o.lr_schedule == "step" || o.lr_schedule == "cosine",
+          "--lr-schedule must be step or cosine, got '", o.lr_schedule, "'");
+  require(o.warmup_epochs >= 0, "--warmup-epochs must be >= 0, got ", o.warmup_epochs);
+  require(o.lr_scaling == "none" || o.lr_scaling == "linear" || o.lr_scaling == "sqrt",
+          "--lr-scaling must be none, linear or sqrt, got '", o.lr_scaling, "'");
+  require(o.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0 (0: off), got ", o.clip_grad_norm);
+  require(!o.nesterov || (o.optimizer == "sgd" && o.momentum > 0),
+          "--nesterov needs --optimizer sgd with --momentum > 0");
   require(o.lr_step >= 1, "--lr-step must be at least 1, got ", o.lr_step);
   require(o.lr_gamma > 0 && o.lr_gamma <= 1, "--lr-gamma must be in (0, 1], got ", o.lr_gamma);
   require(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got ", o.threshold);
   require(o.max_steps == -1 || o.max_steps >= 1, "--max-steps must be -1 or positive, got ",
           o.max_steps);
+  require(o.progress == "auto" || o.progress == "bar" || o.progress == "lines",
+          "--progress must be auto, bar or lines, got '", o.progress, "'");
   require(o.log_every >= 0, "--log-every must be >= 0, got ", o.log_every);
+  require(o.save_every >= 1, "--save-every must be at least 1, got ", o.save_every);
+  require(o.keep_last >= 0, "--keep-last must be >= 0 (0 keeps all), got ", o.keep_last);
   require(o.val_every >= 1, "--val-every must be at least 1, got ", o.val_every);
-  require(valid_best_metric(o.best_metric),
-          "--best-metric must be valid_loss, iou or dice, got '", o.best_metric, "'");
+  require(valid_best_metric(o.best_metric), "--best-metric must be valid_loss, iou or dice, got '",
+          o.best_metric, "'");
   require(o.bucket_mb > 0, "--bucket-mb must be positive, got ", o.bucket_mb);
   require(o.accumulation_steps >= 1, "--accumulation-steps must be at least 1, got ",
           o.accumulation_steps);

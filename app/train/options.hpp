@@ -39,18 +39,26 @@ struct TrainOptions {
   // optimisation
   int epochs = 10;
   double lr = 0.05;
-  double momentum = 0.9;
-  double weight_decay = 1e-4;
-  int lr_step = 30;  // epochs between x lr_gamma
+  std::string optimizer = "sgd";  // sgd | adamw
+  double momentum = 0.9;          // SGD
+  bool nesterov = false;          // SGD
+  double weight_decay = 1e-4;     // SGD: L2 added to the gradient; AdamW: decoupled
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  std::string lr_schedule = "step";  // step | cosine (per epoch)
+  int warmup_epochs = 0;             // linear warm-up epochs
+  std::string lr_scaling = "none";   // none | linear | sqrt of world size x accumulation steps
+  double clip_grad_norm = 0;         // max global L2 norm of the gradients (0: no clipping)
+  int lr_step = 30;                  // epochs between x lr_gamma
   double lr_gamma = 0.1;
-  double threshold = 0.5;  // for IoU, Dice, precision, recall
-  int val_every = 1;                      // epochs between validations (and the last epoch)
+  double threshold = 0.5;                  // for IoU, Dice, precision, recall
+  int val_every = 1;                       // epochs between validations (and the last epoch)
   std::string best_metric = "valid_loss";  // valid_loss | iou | dice: chooses model_best.h5
   bool use_pos_weight = false;
   uint64_t seed = 42;
   int64_t max_steps = -1;  // stop each epoch after this many steps (tests, smoke runs)
   // execution
   std::string device = "auto";  // auto | cpu | cuda
+  int threads = 0;              // CPU threads per rank; 0 = OpenMP's default
   // distribution (issue 4)
   double bucket_mb = 25.0;            // gradient all-reduce bucket size, MiB (first bucket: 1 MiB)
   bool overlap = true;                // all-reduce buckets during backward (--no-overlap: after it)
@@ -58,11 +66,16 @@ struct TrainOptions {
   bool allow_gpu_sharing = false;     // allow more ranks on a node than visible GPUs
   int64_t check_sync_every = 0;       // steps between parameter-hash comparisons (0: never)
   bool bench_skip_allreduce = false;  // hidden, benchmarks only: no gradient communication
+  bool bench_step_times = false;      // hidden, benchmarks only: per-step times, peak memory
   // checkpointing and output
   std::string model_dir = "runs/dptrain";
   std::string resume = "auto";  // auto | never (alias none) | PATH
+  std::string config;           // --config FILE (INI) the options came from, besides argv
+  int save_every = 1;  // epochs between model_epoch_<N>.h5 (the last epoch is always saved)
+  int keep_last = 0;   // epoch checkpoints kept, newest first (0: all); model_best.h5 always
   bool log_all_ranks = false;
   int log_every = 0;  // steps between progress lines (0 = once per epoch)
+  std::string progress = "auto";  // auto | bar | lines (train/progress.hpp)
   // --report: write report.html in model_dir after every epoch (rank 0)
   bool report = false;
 

@@ -14,6 +14,7 @@
 #include "dp/fs.hpp"
 #include "dp/image_io.hpp"
 #include "dp/optim.hpp"
+#include "train/optimization.hpp"
 
 namespace dp::app {
 namespace {
@@ -351,7 +352,7 @@ std::string TrainingReport::html(const CheckpointMeta& state) const {
     const auto l = lr_.find(e);
     lr[i] = l != lr_.end()
                 ? l->second
-                : double(step_lr(float(opt_.lr), e - 1, opt_.lr_step, float(opt_.lr_gamma)));
+                : epoch_lr(opt_, e - 1, int(std::max<int64_t>(state.world_size, 1)));
     if (const auto t = throughput_.find(e); t != throughput_.end()) speed[i] = t->second;
   }
   std::string h;

@@ -2,6 +2,7 @@
 #include "train/trainer.hpp"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,14 +13,18 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <sstream>
 
+#include "dp/adamw.hpp"
 #include "dp/dataset.hpp"
 #include "dp/fs.hpp"
 #include "dp/rng.hpp"
 #include "dp/sampler.hpp"
 #include "dp/synth.hpp"
 #include "dp/weights.hpp"
+#include "train/optimization.hpp"
 #include "train/report.hpp"
+#include "train/retention.hpp"
 #ifdef DP_WITH_CUDA
 #include "dp/cuda/device.hpp"
 #endif
@@ -96,6 +101,18 @@ void unpack(const std::vector<double>& v, CheckpointMeta& m) {
               v.begin() + static_cast<ptrdiff_t>(at + count));
     at += count;
   }
+}
+
+// This process's peak resident memory (VmHWM), in bytes; 0 where /proc is not available.
+int64_t peak_rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  long long kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "VmHWM: %lld kB", &kib) == 1) break;
+  std::fclose(f);
+  return int64_t(kib) * 1024;
 }
 
 double seconds_since(Clock::time_point t0) {
@@ -286,7 +303,19 @@ void Trainer::on_root(const char* what, F&& fn) {
 }
 
 Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
-    : opt_(std::move(options)), comm_(comm), log_(log) {
+    : opt_(std::move(options)),
+      comm_(comm),
+      log_(log),
+      progress_(
+          comm_.rank() == 0,
+          use_progress_bar(opt_.progress, isatty(STDOUT_FILENO) != 0, isatty(STDERR_FILENO) != 0),
+          opt_.log_every) {
+  {  // Once, rank 0: every effective option (the same text is stored in every checkpoint).
+    std::string block;
+    std::istringstream lines(opt_.describe());
+    for (std::string line; std::getline(lines, line);) block += "\n  " + line;
+    log_.info("configuration (", comm_.size(), " rank(s)):", block);
+  }
   if (opt_.device == "cuda") {
 #ifdef DP_WITH_CUDA
     // GPU = node-local rank modulo the visible GPUs (CUDA_VISIBLE_DEVICES respected); more ranks
@@ -313,6 +342,7 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
         "-DDP_WITH_CUDA=ON); use --device cpu");
 #endif
   }
+  if (opt_.threads > 0) omp_set_num_threads(opt_.threads);
   log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN), ", omp_get_max_threads(),
             " thread(s) per rank");
   on_root("--model-dir", [&] { ensure_writable_dir(opt_.model_dir); });
@@ -356,9 +386,7 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     } catch (const Error& e) {
       throw UsageError(str_cat("dataset '", data_path_, "': ", e.what()));
     }
-    sgd_ = std::make_unique<Sgd>(
-        model_->params(), *backend_,
-        SgdOptions{float(opt_.lr), float(opt_.momentum), float(opt_.weight_decay), false});
+    optim_ = make_optimizer(opt_, model_->params(), *backend_);
     diff_logits_ = Buffer(static_cast<size_t>(opt_.batch_size) * height_ * width_ * sizeof(float));
     dropout_seeds_.resize(size_t(opt_.batch_size));
   });
@@ -377,10 +405,12 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
                           " per rank after the first epoch")
                 : std::string(),
             opt_.drop_last ? ", drop last" : "");
-  log_.info("model: ", opt_.model, " (width divisor ", opt_.effective_width_divisor(), "), ",
-            ps.count(), " parameters; arenas ", format_mib(3.0 * ps.arena_size() * sizeof(float)),
-            " (params, grads, momentum), activations ",
-            format_mib(double(model_->activation_bytes())));
+  log_.info(
+      "model: ", opt_.model, " (width divisor ", opt_.effective_width_divisor(), "), ", ps.count(),
+      " parameters; arenas ",
+      format_mib(double(2 + optim_->state().size()) * double(ps.arena_size()) * sizeof(float)),
+      " (params, grads, ", optim_->name(), " state), activations ",
+      format_mib(double(model_->activation_bytes())));
   // After every rank has agreed that set-up succeeded: the reducer duplicates the communicator.
   mpi::ReducerOptions ro;
   ro.bucket_mib = opt_.bucket_mb;
@@ -450,6 +480,14 @@ void Trainer::restore_or_init() {
                                  " on ", m.height, "x", m.width, " images, this run is ",
                                  opt_.model, " /", opt_.effective_width_divisor(), " on ", height_,
                                  "x", width_, "; use another --model-dir or --resume never"));
+      std::vector<std::string> needed;
+      for (const StateArena& a : optim_->state()) needed.push_back(a.name);
+      if (!m.optimizer_state.empty() && m.optimizer_state != needed)
+        throw UsageError(str_cat("checkpoint '", path, "' holds the state of another optimizer (",
+                                 m.optimizer_state.front(), ", ...) than --optimizer ",
+                                 opt_.optimizer,
+                                 "; use the original --optimizer, another --model-dir or "
+                                 "--resume never"));
     };
     // Another world size continues the same global sample order; only a per-rank cache pins the
     // shards, so a mid-epoch checkpoint with --cache needs the world size it was written with.
@@ -481,7 +519,7 @@ void Trainer::restore_or_init() {
         check_compatible(path, meta);
         check_world(path, meta);
         try {
-          state_ = load_checkpoint(path, ps, sgd_->momentum(), &model_->buffers());
+          state_ = load_checkpoint(path, ps, optim_->state(), &model_->buffers());
           resumed_from = path;
           break;
         } catch (const Error& e) {
@@ -492,7 +530,7 @@ void Trainer::restore_or_init() {
       const CheckpointMeta meta = read_checkpoint_meta(opt_.resume);
       check_compatible(opt_.resume, meta);
       check_world(opt_.resume, meta);
-      state_ = load_checkpoint(opt_.resume, ps, sgd_->momentum(), &model_->buffers());
+      state_ = load_checkpoint(opt_.resume, ps, optim_->state(), &model_->buffers());
       resumed_from = opt_.resume;
     }
     if (resumed_from.empty()) {
@@ -537,7 +575,8 @@ void Trainer::restore_or_init() {
   comm_.broadcast(ps.values(), size_t(ps.arena_size()) * sizeof(float), 0);
   comm_.broadcast(model_->buffers().values(),
                   size_t(model_->buffers().arena_size()) * sizeof(float), 0);
-  comm_.broadcast(sgd_->momentum(), size_t(ps.arena_size()) * sizeof(float), 0);
+  for (const StateArena& arena : optim_->state())
+    comm_.broadcast(arena.data, size_t(ps.arena_size()) * sizeof(float), 0);
   std::vector<double> packed = pack(state_);
   int64_t length = int64_t(packed.size());
   comm_.broadcast(&length, sizeof length, 0);
@@ -565,8 +604,7 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   std::vector<double> carried = resuming ? state_.epoch_partial : std::vector<double>{};
   carried.resize(kPartialSums, 0.0);
   // Padding keeps ranks in lock-step; --drop-last cuts every rank to whole batches instead.
-  std::vector<int64_t> indices =
-      epoch_indices(opt_, dataset, comm_.rank(), world, epoch, position);
+  std::vector<int64_t> indices = epoch_indices(opt_, dataset, comm_.rank(), world, epoch, position);
   const int accumulation = opt_.accumulation_steps;
   const int64_t per_step = int64_t(opt_.batch_size) * accumulation;
   if (opt_.max_steps > 0) {
@@ -576,7 +614,8 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   const EpochPlan plan{dataset - position, world, int64_t(indices.size()), opt_.batch_size,
                        accumulation};
   const int64_t steps = start_step + plan.steps();
-  const float lr = step_lr(float(opt_.lr), epoch, opt_.lr_step, float(opt_.lr_gamma));
+  progress_.start_epoch(epoch + 1, opt_.epochs, start_step, steps);
+  const float lr = float(epoch_lr(opt_, epoch, comm_.size()));
   const float logit_threshold = float(std::log(opt_.threshold / (1.0 - opt_.threshold)));
   const int64_t image_pixels = int64_t(height_) * width_;
   float* diff = diff_logits_.f32();
@@ -590,6 +629,7 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   }
   if (!indices.empty()) train_loader_->start(std::move(indices), epoch);
   int64_t micro = 0, step = start_step;
+  auto step_end = Clock::now();  // --bench-step-times: wall time from one step's end to the next
   double reduce_wait = 0;  // seconds in GradReducer::wait (the all-reduce not hidden by backward)
   while (const data::Batch* b = plan.micro_steps() > 0 ? train_loader_->next() : nullptr) {
     DP_CHECK(b->n == plan.batch_size(micro), "training batch ", micro, " has ", b->n,
@@ -633,13 +673,18 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
       reducer_->wait();
       reduce_wait += seconds_since(waited_from);
     }
-    sgd_->step(lr);
+    if (opt_.clip_grad_norm > 0)  // the reduced, averaged gradients: identical on every rank
+      clip_grad_norm(model_->params().grads(), model_->params().arena_size(), opt_.clip_grad_norm);
+    optim_->update(lr, state_.step + 1);
     ++step;
     ++state_.step;
+    if (opt_.bench_step_times) {
+      log_.info("bench: step_seconds ", seconds_since(step_end));
+      step_end = Clock::now();
+    }
     if (opt_.check_sync_every > 0 && state_.step % opt_.check_sync_every == 0) check_sync();
-    if (opt_.log_every > 0 && step % opt_.log_every == 0)
-      log_.info("  epoch ", epoch + 1, " step ", step, "/", steps, " loss ", sums[0] / sums[1],
-                " (rank 0)");
+    // Rank 0's running loss; the images are the step's real ones over all ranks.
+    progress_.step(step, sums[0] / std::max(1.0, sums[1]), plan.step_samples(group));
     // Preemption: every rank learns at this step boundary whether any rank got a signal. The
     // epoch's last step is not a boundary here: the epoch ends and its checkpoint serves.
     if (comm_.rank() == preempt_rank_ && state_.step == preempt_step_) std::raise(SIGUSR1);
@@ -656,6 +701,7 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
       return m;
     }
   }
+  progress_.clear();
   if (world > 1 && step > start_step)
     log_.info("  gradient all-reduce: ", fixed(1e3 * reduce_wait / double(step - start_step), 1),
               " ms per step waited after backward (rank 0; includes waiting for slower ranks)");
@@ -708,7 +754,7 @@ EpochMetrics Trainer::validate() {
   return epoch_metrics(sums, counts);
 }
 
-void Trainer::save_epoch(const EpochMetrics& train, const EpochMetrics& valid, double seconds,
+bool Trainer::save_epoch(const EpochMetrics& train, const EpochMetrics& valid, double seconds,
                          float lr) {
   state_.epoch += 1;
   state_.train_loss.push_back(train.loss);
@@ -733,16 +779,31 @@ void Trainer::save_epoch(const EpochMetrics& train, const EpochMetrics& valid, d
   state_.epoch_position = 0;
   state_.epoch_partial.clear();
   stamp_state(lr);
+  const bool due = epoch_checkpoint_due(state_.epoch, opt_.save_every, opt_.epochs);
+  write_epoch_checkpoint(due, best);
+  return due;
+}
+
+void Trainer::write_epoch_checkpoint(bool epoch_file, bool best) {
+  if (!epoch_file && !best) return;
   on_root("writing checkpoint", [&] {
     const std::filesystem::path dir(opt_.model_dir);
-    save_checkpoint((dir / epoch_checkpoint_name(state_.epoch)).string(), model_->params(),
-                    sgd_->momentum(), state_, &model_->buffers());
+    if (epoch_file)
+      save_checkpoint((dir / epoch_checkpoint_name(state_.epoch)).string(), model_->params(),
+                      optim_->state(), state_, &model_->buffers());
     if (best)
-      save_checkpoint((dir / kBestCheckpointName).string(), model_->params(), sgd_->momentum(),
+      save_checkpoint((dir / kBestCheckpointName).string(), model_->params(), optim_->state(),
                       state_, &model_->buffers());
-    // Mid-epoch checkpoints older than this one have served their purpose.
+    if (!epoch_file) return;
+    // Only after the new file is committed: mid-epoch checkpoints older than it have served their
+    // purpose, and --keep-last drops the oldest epoch checkpoints.
     for (const CheckpointFile& f : list_checkpoints(opt_.model_dir))
       if (f.step > 0 && f.epoch < state_.epoch) std::filesystem::remove(f.path);
+    for (const std::string& path :
+         checkpoints_beyond(list_checkpoints(opt_.model_dir), opt_.keep_last)) {
+      std::filesystem::remove(path);
+      log_.info("--keep-last ", opt_.keep_last, ": removed ", path);
+    }
   });
 }
 
@@ -771,6 +832,7 @@ void Trainer::stamp_state(float lr) {
 bool Trainer::agree_preemption() {
   int64_t signalled = preemption_signal() != 0 ? 1 : 0;
   comm_.allreduce_sum(&signalled, 1);  // one tiny all-reduce per optimiser step
+  if (signalled > 0) progress_.clear();
   if (signalled > 0)
     log_.info("preemption: SIGTERM/SIGUSR1 received by ", signalled, " of ", comm_.size(),
               " rank(s); stopping after step ", state_.step);
@@ -787,7 +849,7 @@ void Trainer::save_mid_epoch(int64_t step_in_epoch, int64_t position, std::vecto
                             mid_epoch_checkpoint_name(state_.epoch, step_in_epoch))
                                .string();
   on_root("writing checkpoint", [&] {
-    save_checkpoint(path, model_->params(), sgd_->momentum(), state_, &model_->buffers());
+    save_checkpoint(path, model_->params(), optim_->state(), state_, &model_->buffers());
   });
   log_.info("preempted in epoch ", state_.epoch + 1, " after step ", step_in_epoch, " (",
             state_.step, " in all): wrote ", path, "; exiting with ", kExitPreempted,
@@ -809,7 +871,7 @@ int Trainer::run() {
     const double carried = epoch == state_.epoch && state_.epoch_partial.size() == kPartialSums
                                ? state_.epoch_partial.back()
                                : 0.0;
-    const float lr = step_lr(float(opt_.lr), epoch, opt_.lr_step, float(opt_.lr_gamma));
+    const float lr = float(epoch_lr(opt_, epoch, comm_.size()));
     const EpochMetrics train = train_epoch(epoch);
     if (train.preempted) return kExitPreempted;
     const double train_seconds = seconds_since(t0) + carried;
@@ -823,7 +885,7 @@ int Trainer::run() {
           std::numeric_limits<double>::quiet_NaN();
     }
     const double seconds = seconds_since(t0) + carried;
-    save_epoch(train, valid, seconds, lr);
+    const bool saved = save_epoch(train, valid, seconds, lr);
     if (report_)  // rank 0; a report that cannot be written is a warning
       report_->update(*model_, state_, lr, double(train.samples) / train_seconds, log_);
     const double images_per_s = double(train.samples) / train_seconds;
@@ -838,17 +900,17 @@ int Trainer::run() {
         log_.warn(e.what());
       }
     }
-    log_.info("epoch ", epoch + 1, "/", opt_.epochs, "  lr ", lr, "  train_loss ",
-              fixed(train.loss, 4),
-              validating ? str_cat("  valid_loss ", fixed(valid.loss, 4), "  valid_iou ",
-                                   fixed(valid.iou, 4), "  dice ", fixed(valid.dice, 4),
-                                   "  precision ", fixed(valid.precision, 4), "  recall ",
-                                   fixed(valid.recall, 4))
-                         : std::string("  (not validated)"),
-              "  ", fixed(seconds, 1), " s  ", fixed(images_per_s, 1), " img/s",
-              state_.best_epoch == state_.epoch ? "  *best" : "");
+    log_.info(
+        "epoch ", epoch + 1, "/", opt_.epochs, "  lr ", lr, "  train_loss ", fixed(train.loss, 4),
+        validating ? str_cat("  valid_loss ", fixed(valid.loss, 4), "  valid_iou ",
+                             fixed(valid.iou, 4), "  dice ", fixed(valid.dice, 4), "  precision ",
+                             fixed(valid.precision, 4), "  recall ", fixed(valid.recall, 4))
+                   : std::string("  (not validated)"),
+        "  ", fixed(seconds, 1), " s  ", fixed(images_per_s, 1), " img/s",
+        state_.best_epoch == state_.epoch ? "  *best" : "");
     // A signal during validation or the checkpoint: the epoch checkpoint is the resume point.
     if (epoch + 1 < opt_.epochs && agree_preemption()) {
+      if (!saved) write_epoch_checkpoint(true, false);  // --save-every skipped it: the resume point
       log_.info("preempted after epoch ", epoch + 1, ": resumable from ", opt_.model_dir, "/",
                 epoch_checkpoint_name(state_.epoch), "; exiting with ", kExitPreempted);
       return kExitPreempted;
@@ -859,6 +921,13 @@ int Trainer::run() {
       fixed(state_.best_score, 4),
       opt_.best_metric == "valid_loss" ? "" : str_cat(", loss ", fixed(state_.best_valid_loss, 4)),
       "), ", opt_.model_dir, "/", kBestCheckpointName);
+  if (opt_.bench_step_times) {
+    int64_t peak[2] = {peak_rss_bytes(), 0};
+    peak[1] = peak[0];
+    comm_.allreduce_sum(peak, 1);  // total over ranks in peak[0]; this rank's own in peak[1]
+    log_.info("bench: peak_rss_mib_total ", fixed(double(peak[0]) / (1 << 20), 1), " rank0 ",
+              fixed(double(peak[1]) / (1 << 20), 1));
+  }
   return 0;
 }
 

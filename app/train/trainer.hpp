@@ -12,8 +12,9 @@
 #include "dp/log.hpp"
 #include "dp/model.hpp"
 #include "dp/optim.hpp"
-#include "train/options.hpp"
 #include "train/metrics.hpp"
+#include "train/options.hpp"
+#include "train/progress.hpp"
 #include "train/signals.hpp"
 
 namespace dp::app {
@@ -39,8 +40,8 @@ class AgreedFailure : public Error {
 int gpu_for_rank(int local_rank, int local_size, int visible_gpus, bool allow_sharing);
 
 struct EpochMetrics {
-  double loss = 0;  // mean per pixel, from sums over all ranks
-  double iou = 0;   // TP / (TP + FP + FN) over the whole split
+  double loss = 0;                             // mean per pixel, from sums over all ranks
+  double iou = 0;                              // TP / (TP + FP + FN) over the whole split
   double dice = 0, precision = 0, recall = 0;  // likewise from the reduced counts
   int64_t samples = 0;
   bool preempted = false;  // training only: stopped mid-epoch by a signal (checkpoint written)
@@ -73,7 +74,12 @@ class Trainer {
   // Usage errors: fewer training samples than ranks; --drop-last leaving no full batch.
   void check_train_size() const;
   void restore_or_init();
-  void save_epoch(const EpochMetrics& train, const EpochMetrics& valid, double seconds, float lr);
+  // Records the epoch; writes model_epoch_<N>.h5 if --save-every says so (returns whether it
+  // did) and model_best.h5 if the epoch is the best; then --keep-last deletes older epoch files.
+  bool save_epoch(const EpochMetrics& train, const EpochMetrics& valid, double seconds, float lr);
+  // Rank 0 writes model_epoch_<state_.epoch>.h5 (and model_best.h5 if `best`), then deletes what
+  // retention allows: every rank waits for the outcome.
+  void write_epoch_checkpoint(bool epoch_file, bool best);
   // The stored best score as metrics (every field = best_score), for best_key().
   EpochMetrics best_as_metrics() const;
   // Fills the configuration fields of state_ (model, sizes, world, options) before a save.
@@ -94,10 +100,11 @@ class Trainer {
   TrainOptions opt_;
   Comm& comm_;
   Logger log_;
+  TrainProgress progress_;  // rank 0: bar on a terminal, or a line every --log-every steps
   std::string data_path_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<Sgd> sgd_;
+  std::unique_ptr<Optimizer> optim_;           // --optimizer: SGD or AdamW
   std::unique_ptr<mpi::GradReducer> reducer_;  // sums gradients over ranks during backward
   // DP_TEST_FAIL_AT=rank:step (tests of the failure semantics): that rank throws in that step.
   int fail_rank_ = -1;
@@ -112,8 +119,8 @@ class Trainer {
   std::vector<uint64_t> dropout_seeds_;  // one per sample of a batch, sized once
   float pos_weight_ = 1.0f;
   int height_ = 0, width_ = 0;
-  CheckpointMeta state_;  // epochs done, steps, best, history
-  std::unique_ptr<TrainingReport> report_;  // --report, rank 0 only
+  CheckpointMeta state_;                     // epochs done, steps, best, history
+  std::unique_ptr<TrainingReport> report_;   // --report, rank 0 only
   std::unique_ptr<MetricsCsv> metrics_csv_;  // rank 0 only
 };
 

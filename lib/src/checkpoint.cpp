@@ -17,7 +17,28 @@ namespace {
 
 const std::string kParamsGroup = "params";
 const std::string kBuffersGroup = "buffers";
-const std::string kMomentumGroup = std::string("optim/") + Sgd::kStateName;
+const std::string kOptimGroup = "optim/";
+// Lists the state arenas' names in the order of the checksum; absent in older files, which hold
+// SGD's momentum buffer when has_optimizer_state is set.
+const char* const kStateNamesAttr = "optimizer_state";
+constexpr char kStateNameSeparator = ',';
+
+std::vector<std::string> split_names(const std::string& joined) {
+  std::vector<std::string> names;
+  size_t from = 0;
+  while (from <= joined.size() && !joined.empty()) {
+    const size_t at = joined.find(kStateNameSeparator, from);
+    names.push_back(joined.substr(from, at == std::string::npos ? std::string::npos : at - from));
+    if (at == std::string::npos) break;
+    from = at + 1;
+  }
+  return names;
+}
+
+OptimizerState momentum_state(const float* momentum) {
+  if (momentum == nullptr) return {};
+  return {{Sgd::kStateName, const_cast<float*>(momentum)}};
+}
 
 // 64-bit checksum of float tensors, chained in a fixed order (parameters by name, then state).
 uint64_t checksum_update(uint64_t h, const std::string& name, const float* data, int64_t count) {
@@ -103,6 +124,10 @@ CheckpointMeta read_meta(const h5::Location& root) {
     m.valid_precision = root.attr_doubles("history_valid_precision");
     m.valid_recall = root.attr_doubles("history_valid_recall");
   }
+  if (root.has_attr("has_optimizer_state") && root.attr_int("has_optimizer_state") != 0)
+    m.optimizer_state = root.has_attr(kStateNamesAttr)
+                            ? split_names(root.attr_string(kStateNamesAttr))
+                            : std::vector<std::string>{Sgd::kStateName};
   if (root.has_attr("epoch_step")) {
     m.epoch_step = root.attr_int("epoch_step");
     m.epoch_position = root.attr_int("epoch_position");
@@ -114,6 +139,11 @@ CheckpointMeta read_meta(const h5::Location& root) {
 }  // namespace
 
 void save_checkpoint(const std::string& path, const ParamStore& params, const float* momentum,
+                     const CheckpointMeta& meta, const ParamStore* buffers) {
+  save_checkpoint(path, params, momentum_state(momentum), meta, buffers);
+}
+
+void save_checkpoint(const std::string& path, const ParamStore& params, const OptimizerState& state,
                      const CheckpointMeta& meta, const ParamStore* buffers) {
   const std::string tmp = temp_path_for(path);
   try {
@@ -132,16 +162,22 @@ void save_checkpoint(const std::string& path, const ParamStore& params, const fl
         sum = checksum_update(sum, kBuffersGroup + "/" + b->name, b->value, b->numel);
       }
     }
-    if (momentum != nullptr) {
+    std::string names;
+    for (const StateArena& arena : state) {
+      DP_CHECK(arena.data != nullptr && !arena.name.empty() &&
+                   arena.name.find(kStateNameSeparator) == std::string::npos,
+               "save_checkpoint: bad optimizer state arena '", arena.name, "'");
+      names += (names.empty() ? "" : std::string(1, kStateNameSeparator)) + arena.name;
+      const std::string group = kOptimGroup + arena.name + "/";
       for (const ParamView* p : by_name(params)) {
-        const float* m = momentum + p->offset;
-        h5::Dataset::create(file, kMomentumGroup + "/" + p->name, h5::Type::kFloat32, p->shape)
-            .write(m);
-        sum = checksum_update(sum, kMomentumGroup + "/" + p->name, m, p->numel);
+        const float* m = arena.data + p->offset;
+        h5::Dataset::create(file, group + p->name, h5::Type::kFloat32, p->shape).write(m);
+        sum = checksum_update(sum, group + p->name, m, p->numel);
       }
     }
     write_meta(file, meta);
-    file.set_attr("has_optimizer_state", int64_t{momentum != nullptr});
+    file.set_attr("has_optimizer_state", int64_t{!state.empty()});
+    file.set_attr(kStateNamesAttr, names);
     file.set_attr("checksum", hex(sum));
     file.flush();
   } catch (...) {
@@ -164,13 +200,29 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
 
 CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, float* momentum,
                                ParamStore* buffers) {
+  return load_checkpoint(path, params, momentum_state(momentum), buffers);
+}
+
+CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
+                               const OptimizerState& state, ParamStore* buffers) {
   std::lock_guard lock(h5::mutex());
   h5::File file(path, h5::Mode::kRead);
   CheckpointMeta meta = read_meta(file);
   const bool has_state =
       file.has_attr("has_optimizer_state") && file.attr_int("has_optimizer_state");
-  DP_CHECK(momentum == nullptr || has_state, "checkpoint '", path,
+  DP_CHECK(state.empty() || has_state, "checkpoint '", path,
            "' holds no optimizer state (weights only); cannot resume training from it");
+  const std::vector<std::string>& stored_state = meta.optimizer_state;
+  for (const StateArena& arena : state) {
+    if (std::find(stored_state.begin(), stored_state.end(), arena.name) != stored_state.end())
+      continue;
+    std::string have, want;
+    for (const auto& n : stored_state) have += (have.empty() ? "" : ", ") + n;
+    for (const auto& a : state) want += (want.empty() ? "" : ", ") + a.name;
+    throw Error(str_cat("checkpoint '", path, "' holds optimizer state ", have,
+                        ", this run's optimizer needs ", want,
+                        " (another --optimizer: use --resume never or the original optimizer)"));
+  }
   auto load = [&](const std::string& dset_path, const ParamView& p, float* dst) {
     DP_CHECK(file.exists(dset_path), "checkpoint '", path, "' lacks '", dset_path, "'");
     h5::Dataset d = h5::Dataset::open(file, dset_path);
@@ -206,16 +258,21 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, floa
     DP_CHECK(buffers == nullptr || buffers->views().empty(), "checkpoint '", path,
              "' holds no batch-norm statistics, but the model has ", buffers->views().size());
   }
-  if (has_state) {
-    // The checksum covers the state too, so read it (into the caller's buffer or a scratch one).
+  // The checksum covers the state too, so all of it is read, in the file's order (into the
+  // caller's arena or a scratch buffer).
+  for (const std::string& name : stored_state) {
+    float* arena = nullptr;
+    for (const StateArena& a : state)
+      if (a.name == name) arena = a.data;
+    const std::string group = kOptimGroup + name + "/";
     for (const ParamView* p : by_name(params)) {
-      float* dst = momentum != nullptr ? momentum + p->offset : nullptr;
+      float* dst = arena != nullptr ? arena + p->offset : nullptr;
       if (dst == nullptr) {
         scratch.resize(static_cast<size_t>(p->numel));
         dst = scratch.data();
       }
-      load(kMomentumGroup + "/" + p->name, *p, dst);
-      sum = checksum_update(sum, kMomentumGroup + "/" + p->name, dst, p->numel);
+      load(group + p->name, *p, dst);
+      sum = checksum_update(sum, group + p->name, dst, p->numel);
     }
   }
   DP_CHECK(file.attr_string("checksum") == hex(sum), "checkpoint '", path,

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "dp/optim_state.hpp"
 #include "dp/params.hpp"
 
 namespace dp {
@@ -29,7 +30,7 @@ struct CheckpointMeta {
   int64_t best_epoch = 0;
   std::string best_metric = "valid_loss";  // how the best epoch is chosen (valid_loss, iou, dice)
   double best_score = 0;                   // that metric's value at the best epoch
-  std::string options;  // effective configuration, one "key = value" per line
+  std::string options;                     // effective configuration, one "key = value" per line
   // One entry per completed epoch.
   std::vector<double> train_loss, valid_loss, valid_iou, epoch_seconds;
   // Also one per epoch; NaN for an epoch without validation (--val-every), like valid_loss.
@@ -40,11 +41,19 @@ struct CheckpointMeta {
   int64_t epoch_step = 0;
   int64_t epoch_position = 0;
   std::vector<double> epoch_partial;
+  // Read only (save_checkpoint writes it from its `state`): the optimiser state arenas in the
+  // file, e.g. {"momentum_buffer"} (SGD) or {"exp_avg", "exp_avg_sq"} (AdamW); empty: weights.
+  std::vector<std::string> optimizer_state;
 };
 
 // Writes atomically (temporary file, flush, fsync, rename, directory fsync). `momentum` may be
 // null (weights-only file); `buffers` may be null or empty (no batch norm).
 void save_checkpoint(const std::string& path, const ParamStore& params, const float* momentum,
+                     const CheckpointMeta& meta, const ParamStore* buffers = nullptr);
+
+// The same with any optimiser's named state arenas (/optim/<arena>/<name>, attribute
+// `optimizer_state` lists the arena names in order); an empty `state` writes weights only.
+void save_checkpoint(const std::string& path, const ParamStore& params, const OptimizerState& state,
                      const CheckpointMeta& meta, const ParamStore* buffers = nullptr);
 
 // Reads only the attributes and checks the format; throws dp::Error naming the file otherwise.
@@ -54,6 +63,10 @@ CheckpointMeta read_checkpoint_meta(const std::string& path);
 // `buffers` is not null, and the optimiser state if `momentum` is not null. Returns the metadata.
 CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, float* momentum,
                                ParamStore* buffers = nullptr);
+// The same for any optimiser: every arena of `state` must be in the file (a checkpoint of
+// another optimiser is an error naming both); an empty `state` loads weights only.
+CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
+                               const OptimizerState& state, ParamStore* buffers = nullptr);
 
 // Epoch checkpoints model_epoch_<N>.h5 in `dir`, newest first (by N).
 std::vector<std::pair<int64_t, std::string>> list_epoch_checkpoints(const std::string& dir);

@@ -1,0 +1,30 @@
+// Optimiser construction and the per-epoch learning rate from dptrain's options.
+#include "train/optimization.hpp"
+
+#include "dp/adamw.hpp"
+
+namespace dp::app {
+
+std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, ParamStore& params,
+                                          Backend& backend) {
+  if (o.optimizer == "adamw")
+    return std::make_unique<AdamW>(params, AdamWOptions{float(o.adam_beta1), float(o.adam_beta2),
+                                                        float(o.adam_eps), float(o.weight_decay)});
+  DP_CHECK(o.optimizer == "sgd", "unknown optimizer '", o.optimizer, "'");
+  return std::make_unique<Sgd>(
+      params, backend,
+      SgdOptions{float(o.lr), float(o.momentum), float(o.weight_decay), o.nesterov});
+}
+
+double epoch_lr(const TrainOptions& o, int64_t epoch, int world) {
+  LrSchedule s;
+  s.kind = o.lr_schedule;
+  s.base = o.lr * lr_scale(o.lr_scaling, world, o.accumulation_steps);
+  s.epochs = o.epochs;
+  s.warmup = o.warmup_epochs;
+  s.step_size = o.lr_step;
+  s.gamma = o.lr_gamma;
+  return scheduled_lr(s, epoch);
+}
+
+}  // namespace dp::app

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""dptrain vs PyTorch on the CPU, side by side in one run (issue: CPU performance).
+
+    pip install torch          # the peer; any recent CPU-capable build
+    python3 bench/compare_pytorch.py --python "$(which python3)" [--build build/default]
+
+Cases: UNet16 /8 at 128x128 batch 8 and full UNet16 at 128x128 batch 2, each on 1 and 2 threads,
+and 2 ranks x 1 thread (mpirun) vs PyTorch DDP (gloo) 2 processes x 1 thread. Same network
+(tools/reference/models.py has dptrain's names and shapes), fp32, SGD momentum 0.9, weight decay
+1e-4, BCE-with-logits, same batch and image size. dptrain trains from an in-memory shard
+(--cache, no augmentation) and prints each step's wall time (--bench-step-times); PyTorch uses
+tensors made once. Each side: warm-up excluded, median of the timed steps; the two alternate
+(--rounds) to cancel machine drift, and the median over rounds is reported, with each side's peak
+resident memory (summed over processes).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+CASES = [  # (name, width divisor, batch per rank, threads per rank, ranks)
+    ("unet16/8 128px b8", 8, 8, 1, 1),
+    ("unet16/8 128px b8", 8, 8, 2, 1),
+    ("unet16 128px b2", 1, 2, 1, 1),
+    ("unet16 128px b2", 1, 2, 2, 1),
+    ("unet16/8 128px b8 DDP", 8, 8, 1, 2),
+]
+
+
+def run_dptrain(build, data, work, divisor, batch, threads, ranks, warmup, steps):
+    model_dir = os.path.join(work, "run")
+    subprocess.run(["rm", "-rf", model_dir], check=True)
+    train_images = (warmup + steps) * batch * ranks
+    cmd = [os.path.join(build, "app", "dptrain"), "--data", data, "--width-divisor", str(divisor),
+           "--batch-size", str(batch), "--epochs", "1", "--max-steps", str(warmup + steps),
+           "--model-dir", model_dir, "--augment", "none", "--cache", "--bench-step-times",
+           "--val-every", "1000000"]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    flags = ["--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl", "self,vader"]
+    flags += ["--bind-to", "core" if threads == 1 else "none"]
+    if os.geteuid() == 0:
+        flags.append("--allow-run-as-root")
+    out = subprocess.run(["mpirun", "-np", str(ranks)] + flags + cmd, env=env, check=True,
+                         capture_output=True, text=True).stdout
+    times = [float(l.split()[-1]) for l in out.splitlines() if "bench: step_seconds" in l]
+    rss = [float(l.split()[2]) for l in out.splitlines() if "bench: peak_rss_mib_total" in l]
+    if len(times) < warmup + steps or not rss:
+        raise SystemExit(f"dptrain printed no step times:\n{out}")
+    step = statistics.median(times[warmup:])
+    assert train_images >= batch * ranks
+    return batch * ranks / step, rss[0]
+
+
+def run_torch(python, divisor, batch, threads, ranks, warmup, steps):
+    out = subprocess.run([python, os.path.join(HERE, "pytorch_peer.py"), "--world", str(ranks),
+                          "--threads", str(threads), "--divisor", str(divisor), "--size", "128",
+                          "--batch", str(batch), "--warmup", str(warmup), "--steps", str(steps)],
+                         check=True, capture_output=True, text=True).stdout
+    r = json.loads(out.strip().splitlines()[-1])
+    return r["img_per_s"], r["peak_rss_bytes"] / 2**20, r["torch"]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--python", default=sys.executable, help="the Python that has PyTorch")
+    ap.add_argument("--build", default=os.path.join(ROOT, "build", "default"))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--cases", default="all", help="comma-separated indices into the case list")
+    args = ap.parse_args()
+    cases = CASES if args.cases == "all" else [CASES[int(i)] for i in args.cases.split(",")]
+    with tempfile.TemporaryDirectory() as work:
+        data = os.path.join(work, "bench.h5")
+        n = (args.warmup + args.steps) * 8 * 2
+        subprocess.run([os.path.join(args.build, "app", "dpprep"), "synth", "--out", data,
+                        "--train", str(n), "--val", "0", "--size", "128x128"], check=True,
+                       capture_output=True)
+        print(f"{'case':26s} {'thr':>3s} {'dptrain img/s':>13s} {'PyTorch img/s':>13s} "
+              f"{'ratio':>6s} {'dptrain MiB':>11s} {'PyTorch MiB':>11s} {'mem ratio':>9s}")
+        version = "?"
+        for name, d, b, t, r in cases:
+            dp, pt, dp_mem, pt_mem = [], [], [], []
+            for _ in range(args.rounds):  # alternate the two to cancel drift
+                ips, mem = run_dptrain(args.build, data, work, d, b, t, r, args.warmup, args.steps)
+                dp.append(ips), dp_mem.append(mem)
+                ips, mem, version = run_torch(args.python, d, b, t, r, args.warmup, args.steps)
+                pt.append(ips), pt_mem.append(mem)
+            a, p = statistics.median(dp), statistics.median(pt)
+            ma, mp_ = max(dp_mem), max(pt_mem)
+            print(f"{name:26s} {t * r:3d} {a:13.2f} {p:13.2f} {a / p:6.2f} {ma:11.0f} "
+                  f"{mp_:11.0f} {ma / mp_:9.2f}", flush=True)
+        print(f"PyTorch {version}; {args.rounds} rounds, median of {args.steps} steps after "
+              f"{args.warmup} warm-up each")
+
+
+if __name__ == "__main__":
+    main()

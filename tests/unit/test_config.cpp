@@ -1,0 +1,85 @@
+// dptrain's --config FILE (INI; the command line overrides it; unknown keys name the file and
+// key) and --help grouped by topic.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "test_util.hpp"
+#include "train/options.hpp"
+
+namespace dp {
+namespace {
+
+std::optional<app::TrainOptions> parse(std::vector<const char*> args, bool print_help = false) {
+  args.insert(args.begin(), "dptrain");
+  return app::parse_train_options(int(args.size()), args.data(), print_help);
+}
+
+std::string usage_error(std::vector<const char*> args) {
+  try {
+    parse(std::move(args));
+  } catch (const app::UsageError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(Config, IniValuesWithTheCommandLineWinning) {
+  test::TempDir dir;
+  const std::string path = dir.file("run.ini");
+  std::ofstream(path) << "# a comment\nlr = 0.125\nbatch-size = 3\noptimizer = adamw\n"
+                         "cache = true\nepochs = 7\n";
+  const auto o = parse({"--config", path.c_str(), "--epochs", "9"});
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->lr, 0.125);
+  EXPECT_EQ(o->batch_size, 3);
+  EXPECT_EQ(o->optimizer, "adamw");
+  EXPECT_TRUE(o->cache);
+  EXPECT_EQ(o->epochs, 9);  // the command line overrides the file
+  EXPECT_EQ(o->config, path);
+  EXPECT_NE(o->describe().find("lr = 0.125\n"), std::string::npos);
+  EXPECT_NE(o->describe().find("epochs = 9\n"), std::string::npos);
+}
+
+TEST(Config, UnknownKeysBadValuesAndMissingFilesNameTheFile) {
+  test::TempDir dir;
+  const std::string path = dir.file("bad.ini");
+  std::ofstream(path) << "lr = 0.1\nlearning-rate = 0.2\n";
+  std::string e = usage_error({"--config", path.c_str()});
+  EXPECT_NE(e.find(path), std::string::npos) << e;
+  EXPECT_NE(e.find("learning-rate"), std::string::npos) << e;
+  std::ofstream(path) << "batch-size = many\n";
+  e = usage_error({"--config", path.c_str()});
+  EXPECT_NE(e.find(path), std::string::npos) << e;
+  std::ofstream(path) << "batch-size = 0\n";  // validated like the command line
+  EXPECT_NE(usage_error({"--config", path.c_str()}).find("--batch-size"), std::string::npos);
+  std::ofstream(path) << "config = other.ini\n";
+  EXPECT_NE(usage_error({"--config", path.c_str()}).find("command line only"), std::string::npos);
+  const std::string missing = dir.file("missing.ini");
+  e = usage_error({"--config", missing.c_str()});
+  EXPECT_NE(e.find(missing), std::string::npos) << e;
+}
+
+TEST(Config, HelpIsGroupedByTopic) {
+  std::ostringstream captured;
+  std::streambuf* old = std::cout.rdbuf(captured.rdbuf());
+  const auto o = parse({"--help"}, true);
+  std::cout.rdbuf(old);
+  EXPECT_FALSE(o.has_value());
+  const std::string help = captured.str();
+  size_t at = 0;
+  for (const char* topic :
+       {"Data:", "Model:", "Optimisation:", "Distributed:", "Checkpointing:", "Output:"}) {
+    const size_t found = help.find(std::string("\n") + topic, at);
+    EXPECT_NE(found, std::string::npos) << topic << "\n" << help;
+    if (found != std::string::npos) at = found;
+  }
+  for (const char* option : {"--config", "--optimizer", "--save-every", "--keep-last",
+                             "--lr-schedule", "--clip-grad-norm", "--log-every"})
+    EXPECT_NE(help.find(option), std::string::npos) << option;
+}
+
+}  // namespace
+}  // namespace dp
