@@ -19,27 +19,13 @@
 namespace dp {
 namespace {
 
-// A directory all ranks share: created by rank 0, its path broadcast, removed by rank 0.
-class SharedDir {
+// A shared directory holding the tests' dataset (16 train, 4 val images of 32x32).
+class SharedDir : public test::SharedDir {
  public:
   SharedDir() {
-    Comm& c = test::world();
-    char buf[512] = {};
-    if (c.rank() == 0) {
-      dir_ = std::make_unique<test::TempDir>();
-      std::strncpy(buf, dir_->path().c_str(), sizeof buf - 1);
-    }
-    c.broadcast(buf, sizeof buf, 0);
-    path_ = buf;
-    if (c.rank() == 0) test::write_tiny_dataset(file("data.h5"), 16, 4, 32);
-    c.barrier();
+    if (test::world().rank() == 0) test::write_tiny_dataset(file("data.h5"), 16, 4, 32);
+    test::world().barrier();
   }
-  ~SharedDir() { test::world().barrier(); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::unique_ptr<test::TempDir> dir_;
-  std::string path_;
 };
 
 app::TrainOptions options(const SharedDir& dir, const std::string& run, int batch) {
@@ -96,7 +82,7 @@ TEST(ResumeMpi, SignalMidEpochOnOneRankThenResumeEqualsUninterruptedBitwise) {
   SharedDir dir;
   // 16 samples, 2 ranks: batch 2 -> 4 steps per epoch; batch 1 x 2 micro-batches -> 4 steps.
   for (const auto& [batch, accumulation] : {std::pair{2, 1}, std::pair{1, 2}}) {
-    const std::string tag = "b" + std::to_string(batch) + "a" + std::to_string(accumulation);
+    const std::string tag = str_cat("b", batch, "a", accumulation);
     auto o = options(dir, "straight_" + tag, batch);
     o.accumulation_steps = accumulation;
     EXPECT_EQ(run_with_preempt_at(o, nullptr, test::world()), 0);

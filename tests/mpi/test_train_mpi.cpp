@@ -14,26 +14,7 @@
 namespace dp {
 namespace {
 
-// A directory all ranks share: created by rank 0, its path broadcast, removed by rank 0.
-class SharedDir {
- public:
-  SharedDir() {
-    Comm& c = test::world();
-    char buf[512] = {};
-    if (c.rank() == 0) {
-      dir_ = std::make_unique<test::TempDir>();
-      std::strncpy(buf, dir_->path().c_str(), sizeof buf - 1);
-    }
-    c.broadcast(buf, sizeof buf, 0);
-    path_ = buf;
-  }
-  ~SharedDir() { test::world().barrier(); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::unique_ptr<test::TempDir> dir_;
-  std::string path_;
-};
+using test::SharedDir;
 
 app::TrainOptions options(const std::string& data, const std::string& model_dir, int batch) {
   app::TrainOptions o;

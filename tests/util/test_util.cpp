@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include <gtest/gtest.h>
@@ -53,6 +54,28 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
+}
+
+SharedDir::SharedDir() {
+  Comm& c = world();
+  char buf[512] = {};
+  if (c.rank() == 0) {
+    dir_ = std::make_unique<TempDir>();
+    std::strncpy(buf, dir_->path().c_str(), sizeof buf - 1);
+  }
+  c.broadcast(buf, sizeof buf, 0);
+  path_ = buf;
+}
+
+SharedDir::~SharedDir() {
+  world().barrier();
+}
+
+std::string SharedDir::file(const std::string& name) const {
+  std::string f = path_;  // appended piecewise: GCC 12 warns (-Wrestrict) on a + "/" + b here
+  f += '/';
+  f += name;
+  return f;
 }
 
 Diff compare(const float* a, const float* b, int64_t count, double floor) {

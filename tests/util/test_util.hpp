@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,22 @@ class TempDir {
   std::string file(const std::string& name) const { return path_ + "/" + name; }
 
  private:
+  std::string path_;
+};
+
+// A directory all ranks of world() share: made by rank 0, its path broadcast; at the end every
+// rank waits for the others, then rank 0 removes it.
+class SharedDir {
+ public:
+  SharedDir();
+  ~SharedDir();
+  SharedDir(const SharedDir&) = delete;
+  SharedDir& operator=(const SharedDir&) = delete;
+  const std::string& path() const { return path_; }
+  std::string file(const std::string& name) const;
+
+ private:
+  std::unique_ptr<TempDir> dir_;
   std::string path_;
 };
 
