@@ -1,4 +1,4 @@
-// Bucketed gradient all-reduce: the bucket plan, the MPI reducer (MPI_Iallreduce progressed
+// Bucketed gradient all-reduce: the bucket plan, the MPI reducer (ring or MPI_Iallreduce, advanced
 // during backward) and the plain reducer for non-MPI communicators.
 #include "dp/grad_reducer.hpp"
 

@@ -168,9 +168,10 @@ def canonical_tensors(model, kind):
 
 
 def model_golden(path, name, n, size, deconv=False, d=32, lr=0.01, momentum=0.9, wd=1e-4,
-                 with_step=True):
+                 split_step=False):
     """One training step of `name` at width 1/d: input, target, logits, loss, every gradient,
-    batch-norm buffers before/after, and (with_step) the parameters after one SGD step."""
+    batch-norm buffers before/after, and the parameters after one SGD step (in a second file,
+    <name>_step.h5, with split_step: ResNet101's three parameter sets would pass 1 MB)."""
     torch.manual_seed(4321)
     model = models.make(name, width_divisor=d, is_deconv=deconv).to(torch.float64)
     if hasattr(model, "dropout_2d"):
@@ -197,7 +198,10 @@ def model_golden(path, name, n, size, deconv=False, d=32, lr=0.01, momentum=0.9,
     with h5py.File(path, "w", libver="latest") as f:
         f.attrs.update(dict(format=FORMAT, torch_version=str(torch.__version__), model=name,
                             deconv=int(deconv), width_divisor=d, loss=float(loss), lr=lr,
-                            momentum=momentum, weight_decay=wd, has_step=int(with_step)))
+                            momentum=momentum, weight_decay=wd, has_step=int(not split_step)))
+        step_path = path.replace(".h5", "_step.h5")
+        if split_step:
+            f.attrs["step_file"] = os.path.basename(step_path)
         put(f, "input", nhwc(x))
         put(f, "target", nhwc(t))
         put(f, "logits", nhwc(logits))
@@ -214,11 +218,16 @@ def model_golden(path, name, n, size, deconv=False, d=32, lr=0.01, momentum=0.9,
         put_params = pack("param", before)
         put_params("params", before)
         put_params("grads", grads)
-        if with_step:
-            put_params("params_after", {k: plain(v) for k, v in params.items()})
+        after = {k: plain(v) for k, v in params.items()}
+        if not split_step:
+            put_params("params_after", after)
         put_buffers = pack("buffer", buffers_before)
         put_buffers("buffers", buffers_before)
         put_buffers("buffers_after", {k: plain(v) for k, v in buffers.items()})
+    if split_step:
+        with h5py.File(step_path, "w", libver="latest") as g:
+            g.attrs.update(dict(format=FORMAT, model=name, param_names="\n".join(sorted(after))))
+            put(g, "params_after", np.concatenate([after[k].reshape(-1) for k in sorted(after)]))
     return os.path.getsize(path)
 
 
@@ -230,15 +239,13 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(1)
     layer_goldens(os.path.join(args.out, "layers.h5"))
-    # ResNet101 leaves out the parameters after the step to stay well under 1 MB: the SGD step
-    # is the same loop for every model and is checked on the other three.
-    for name, n, size, deconv, step in [("unet16", 2, 32, False, True),
-                                        ("unet16", 2, 32, True, True),
-                                        ("unet_resnet34", 2, 64, False, True),
-                                        ("unet_resnet101", 2, 64, False, False)]:
+    for name, n, size, deconv, split in [("unet16", 2, 32, False, False),
+                                         ("unet16", 2, 32, True, False),
+                                         ("unet_resnet34", 2, 64, False, False),
+                                         ("unet_resnet101", 2, 64, False, True)]:
         file = f"{name}{'_deconv' if deconv else ''}_w32.h5"
         size_bytes = model_golden(os.path.join(args.out, file), name, n, size, deconv,
-                                  with_step=step)
+                                  split_step=split)
         print(f"{file}: {size_bytes / 1024:.0f} KiB")
     print(f"layers.h5: {os.path.getsize(os.path.join(args.out, 'layers.h5')) / 1024:.0f} KiB")
 

@@ -18,9 +18,11 @@ namespace dp::mpi {
 // starts after the last layers' (small) gradients instead of waiting for 25 MiB of them.
 inline constexpr double kDefaultBucketMiB = 25.0;
 inline constexpr double kDefaultFirstBucketMiB = 1.0;
-// Largest single all-reduce, in elements. Open MPI allocates a temporary of the message's size
-// per call; glibc serves up to 32 MiB from its heap once a block that size has been freed, but
-// maps (and page-faults) larger ones every call: 300-430 ms for 117 MB here vs ~30 ms in pieces.
+// Largest piece summed at once, in elements (the ring's scratch holds one chunk of it). Open
+// MPI's collectives allocate a temporary of the message's size per call; glibc serves up to
+// 32 MiB from its heap once a block that size has been freed, but maps (and page-faults) larger
+// ones every call: one 117 MB MPI_Allreduce took 60 ms here (300-430 ms on a busier VM) against
+// ~35 ms in pieces of this size.
 inline constexpr int64_t kDefaultPieceElements = int64_t{1} << 20;
 
 // How the MPI reducer sums a piece: its own ring over MPI_Isend/MPI_Irecv (scratch allocated once,
@@ -87,7 +89,7 @@ class GradReducer : public GradListener {
   // did not report every parameter (a layer that forgot its GradListener call).
   virtual void wait() = 0;
   virtual const std::vector<Bucket>& buckets() const = 0;
-  // "MPI_Iallreduce, N buckets (...)" for the start-up log.
+  // "ring all-reduce (...), N bucket(s) (...)" for the start-up log.
   virtual std::string describe() const = 0;
 };
 
