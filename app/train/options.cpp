@@ -53,6 +53,7 @@ std::string TrainOptions::describe() const {
      << "seed = " << seed << "\n"
      << "device = " << device << "\n"
      << "threads = " << threads << "\n"
+     << "deterministic = " << deterministic << "\n"
      << "bucket_mb = " << bucket_mb << "\n"
      << "overlap = " << overlap << "\n"
      << "accumulation_steps = " << accumulation_steps << "\n"
@@ -160,6 +161,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "stop each epoch after N steps (-1: all)");
   po::options_description exec("Devices");
   exec.add_options()("device", po::value(&o.device)->default_value(o.device), "auto, cpu or cuda")(
+      "deterministic", po::bool_switch(&o.deterministic),
+      "bitwise reproducible CPU runs: fixed thread count (no OpenMP dynamic adjustment); runs "
+      "with the same world size and threads then give identical weights, resumed or not")(
       "threads", po::value(&o.threads)->default_value(o.threads),
       "CPU threads per rank (0: OMP_NUM_THREADS, or what the rank's core binding allows)");
   po::options_description dist("Distributed");
@@ -198,8 +202,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "steps between progress lines (without the bar)")(
       "progress", po::value(&o.progress)->default_value(o.progress),
       "rank 0's progress: bar (redrawn in place), lines (every --log-every steps), or auto (bar "
-      "when stdout and stderr are terminals; under mpirun that means lines)")("log-all-ranks", po::bool_switch(&o.log_all_ranks),
-                                      "log from every rank with a [rank r] prefix")(
+      "when stdout and stderr are terminals; under mpirun that means lines)")(
+      "log-all-ranks", po::bool_switch(&o.log_all_ranks),
+      "log from every rank with a [rank r] prefix")(
       "report", po::bool_switch(&o.report),
       "write report.html in --model-dir after every epoch (curves, sample predictions)");
   po::options_description general("General");

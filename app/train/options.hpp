@@ -59,6 +59,7 @@ struct TrainOptions {
   // execution
   std::string device = "auto";  // auto | cpu | cuda
   int threads = 0;              // CPU threads per rank; 0 = OpenMP's default
+  bool deterministic = false;   // no OpenMP dynamic thread adjustment
   // distribution (issue 4)
   double bucket_mb = 25.0;            // gradient all-reduce bucket size, MiB (first bucket: 1 MiB)
   bool overlap = true;                // all-reduce buckets during backward (--no-overlap: after it)
@@ -74,7 +75,7 @@ struct TrainOptions {
   int save_every = 1;  // epochs between model_epoch_<N>.h5 (the last epoch is always saved)
   int keep_last = 0;   // epoch checkpoints kept, newest first (0: all); model_best.h5 always
   bool log_all_ranks = false;
-  int log_every = 0;  // steps between progress lines (0 = once per epoch)
+  int log_every = 0;              // steps between progress lines (0 = once per epoch)
   std::string progress = "auto";  // auto | bar | lines (train/progress.hpp)
   // --report: write report.html in model_dir after every epoch (rank 0)
   bool report = false;

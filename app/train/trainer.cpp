@@ -343,6 +343,10 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
 #endif
   }
   if (opt_.threads > 0) omp_set_num_threads(opt_.threads);
+  // Every reduction order is fixed by the world size and the thread count (static OpenMP
+  // schedules, oneDNN's fixed blocking, a fixed all-reduce ring); --deterministic also forbids
+  // OpenMP from changing the thread count between parallel regions.
+  if (opt_.deterministic) omp_set_dynamic(0);
   log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN), ", omp_get_max_threads(),
             " thread(s) per rank");
   on_root("--model-dir", [&] { ensure_writable_dir(opt_.model_dir); });

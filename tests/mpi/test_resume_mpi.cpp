@@ -32,6 +32,7 @@ app::TrainOptions options(const SharedDir& dir, const std::string& run, int batc
   app::TrainOptions o;
   o.data = dir.file("data.h5");
   o.model_dir = dir.file(run);
+  o.deterministic = true;  // the bitwise comparisons below are what --deterministic promises
   o.batch_size = batch;
   o.width_divisor = 16;
   o.lr = 0.05;
