@@ -17,26 +17,7 @@
 namespace dp {
 namespace {
 
-// A directory all ranks share: created by rank 0, its path broadcast, removed by rank 0.
-class SharedDir {
- public:
-  SharedDir() {
-    Comm& c = test::world();
-    char buf[512] = {};
-    if (c.rank() == 0) {
-      dir_ = std::make_unique<test::TempDir>();
-      std::strncpy(buf, dir_->path().c_str(), sizeof buf - 1);
-    }
-    c.broadcast(buf, sizeof buf, 0);
-    path_ = buf;
-  }
-  ~SharedDir() { test::world().barrier(); }
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  std::unique_ptr<test::TempDir> dir_;
-  std::string path_;
-};
+using test::SharedDir;
 
 // 11 training samples: np=2 pads to 12 (6 per rank), np=3 pads to 12 (4 per rank); with batch 2
 // per rank the single-rank runs (batch 4 or 6) end with an uneven batch (3 or 5).
