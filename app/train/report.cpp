@@ -350,9 +350,8 @@ std::string TrainingReport::html(const CheckpointMeta& state) const {
     }
     // Epochs from before a resume: the LR schedule of these options; no throughput record.
     const auto l = lr_.find(e);
-    lr[i] = l != lr_.end()
-                ? l->second
-                : epoch_lr(opt_, e - 1, int(std::max<int64_t>(state.world_size, 1)));
+    lr[i] = l != lr_.end() ? l->second
+                           : epoch_lr(opt_, e - 1, int(std::max<int64_t>(state.world_size, 1)));
     if (const auto t = throughput_.find(e); t != throughput_.end()) speed[i] = t->second;
   }
   std::string h;

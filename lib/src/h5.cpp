@@ -678,20 +678,16 @@ void Dataset::write_rows(int64_t first, int64_t count, const uint8_t* data) {
 }
 
 void Dataset::read_rows(int64_t first, int64_t count, uint8_t* data) const {
-  Guard guard;
-  require_type(type_, Type::kUint8, name(), "read");
-  check_rows(shape_, first, count, name());
-  if (count == 0) return;
-  Id file_space = DP_H5_ID(H5Dget_space(attrs_.id()), "reading the dataspace of '", name(), "'");
-  Id mem_space = select_rows(file_space.get(), shape_, first, count, name());
-  DP_H5_CHECK_MSG(
-      H5Dread(attrs_.id(), mem_type(type_), mem_space.get(), file_space.get(), H5P_DEFAULT, data),
-      "reading rows [", first, ", ", first + count, ") of dataset '", name(), "'");
+  read_rows_as(Type::kUint8, first, count, data);
 }
 
 void Dataset::read_rows(int64_t first, int64_t count, float* data) const {
+  read_rows_as(Type::kFloat32, first, count, data);
+}
+
+void Dataset::read_rows_as(Type type, int64_t first, int64_t count, void* data) const {
   Guard guard;
-  require_type(type_, Type::kFloat32, name(), "read");
+  require_type(type_, type, name(), "read");
   check_rows(shape_, first, count, name());
   if (count == 0) return;
   Id file_space = DP_H5_ID(H5Dget_space(attrs_.id()), "reading the dataspace of '", name(), "'");

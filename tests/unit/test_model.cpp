@@ -64,9 +64,9 @@ TEST(Models, SizesMatchTheReference) {
     int64_t params;
     size_t tensors, buffers;
   };
-  for (const Case& k : {Case{"unet16", true, 32202337, 50, 0},
-                        Case{"unet_resnet34", false, 34604897, 136, 72},
-                        Case{"unet_resnet101", false, 74621025, 340, 208}}) {
+  for (const Case& k :
+       {Case{"unet16", true, 32202337, 50, 0}, Case{"unet_resnet34", false, 34604897, 136, 72},
+        Case{"unet_resnet101", false, 74621025, 340, 208}}) {
     ModelConfig c;
     c.name = k.name;
     c.deconv = k.deconv;

@@ -116,6 +116,7 @@ class Dataset {
     Attrs(Id id, std::string name) : Location(std::move(id), std::move(name)) {}
   };
   Dataset(Id id, std::string name);
+  void read_rows_as(Type type, int64_t first, int64_t count, void* data) const;
   Attrs attrs_;
   std::vector<int64_t> shape_;
   Type type_ = Type::kFloat32;
