@@ -1,4 +1,4 @@
-"""PyTorch peer for bench/compare_pytorch.py: trains tools/reference/models.py's UNet16 on CPU
+"""PyTorch peer for bench/compare_pytorch.py and bench/train_throughput.sh: trains tools/reference/models.py's UNet16 on CPU
 exactly as dptrain does (fp32, NCHW, BCEWithLogits, SGD momentum 0.9, weight decay 1e-4), one
 process or --world N processes with DistributedDataParallel over gloo (N x --threads threads).
 
@@ -35,6 +35,8 @@ def peak_rss_bytes():
 
 def worker(rank, args, init_file, results):
     torch.set_num_threads(args.threads)
+    if args.pin:
+        os.sched_setaffinity(0, {rank % os.cpu_count()})
     torch.manual_seed(args.seed)
     model = UNet16(width_divisor=args.divisor)
     if args.world > 1:
@@ -71,6 +73,7 @@ def main():
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--pin", action="store_true", help="pin process r to core r")
     args = ap.parse_args()
     if args.world == 1:
         results = {}

@@ -8,7 +8,7 @@
 # Each dptrain run trains EPOCHS epochs of STEPS steps on a synthetic dataset (no augmentation,
 # shards cached in memory); the first epoch (oneDNN primitive creation, first reads) is
 # discarded and the best of the others kept: img/s = training images of the epoch over all ranks
-# / the epoch's training seconds. The PyTorch peer (pytorch_ddp_unet16.py) times STEPS steps
+# / the epoch's training seconds. The PyTorch peer (pytorch_peer.py) times STEPS steps
 # after 3 warm-up steps. The configurations run interleaved, REPEATS rounds, best of each kept,
 # so that load from other users of the machine hits every configuration alike.
 set -euo pipefail
@@ -45,8 +45,9 @@ dptrain_ips() {
 
 # pytorch_ips WORLD -> img/s over all ranks
 pytorch_ips() {
-  "$PYTHON" "$HERE/pytorch_ddp_unet16.py" --world "$1" --size "$SIZE" --batch "$BATCH" \
-    --divisor "$DIVISOR" --steps "$STEPS" --pin | grep -oE '[0-9.]+ img/s' | awk '{ print $1 }'
+  "$PYTHON" "$HERE/pytorch_peer.py" --world "$1" --size "$SIZE" --batch "$BATCH" \
+    --divisor "$DIVISOR" --steps "$STEPS" --pin |
+    "$PYTHON" -c 'import json, sys; print(json.loads(sys.stdin.read().splitlines()[-1])["img_per_s"])'
 }
 
 declare -A best=([one]=0 [two]=0 [two_no_overlap]=0 [two_skip]=0 [pt_one]=0 [pt_two]=0)
