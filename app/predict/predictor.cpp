@@ -44,7 +44,7 @@ Predictor::Predictor(const std::string& checkpoint, const PredictorOptions& opti
   model_->set_training(false);  // running batch-norm statistics, no dropout
   load_checkpoint(checkpoint, model_->params(), nullptr, &model_->buffers());
   runner_ = std::make_unique<TiledRunner>(
-      [this](const float* input, int n) { return model_->forward(input, n); }, normalization_,
+      [this](const float* input, int n) { return model_->forward_host(input, n); }, normalization_,
       tile_height_, tile_width_, overlap_, options.batch);
 }
 

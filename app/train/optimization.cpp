@@ -8,8 +8,9 @@ namespace dp::app {
 std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, ParamStore& params,
                                           Backend& backend) {
   if (o.optimizer == "adamw")
-    return std::make_unique<AdamW>(params, AdamWOptions{float(o.adam_beta1), float(o.adam_beta2),
-                                                        float(o.adam_eps), float(o.weight_decay)});
+    return std::make_unique<AdamW>(params, backend,
+                                   AdamWOptions{float(o.adam_beta1), float(o.adam_beta2),
+                                                float(o.adam_eps), float(o.weight_decay)});
   DP_CHECK(o.optimizer == "sgd", "unknown optimizer '", o.optimizer, "'");
   return std::make_unique<Sgd>(
       params, backend,

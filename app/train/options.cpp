@@ -54,6 +54,7 @@ std::string TrainOptions::describe() const {
      << "device = " << device << "\n"
      << "threads = " << threads << "\n"
      << "deterministic = " << deterministic << "\n"
+     << "tf32 = " << tf32 << "\n"
      << "bucket_mb = " << bucket_mb << "\n"
      << "overlap = " << overlap << "\n"
      << "accumulation_steps = " << accumulation_steps << "\n"
@@ -163,7 +164,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   exec.add_options()("device", po::value(&o.device)->default_value(o.device), "auto, cpu or cuda")(
       "deterministic", po::bool_switch(&o.deterministic),
       "bitwise reproducible CPU runs: fixed thread count (no OpenMP dynamic adjustment); runs "
-      "with the same world size and threads then give identical weights, resumed or not")(
+      "with the same world size and threads then give identical weights, resumed or not; on "
+      "the GPU: deterministic cuDNN algorithms only")(
+      "no-tf32", po::bool_switch(),
+      "GPU: fp32 convolutions without TF32 tensor cores (slower, closer to the CPU)")(
       "threads", po::value(&o.threads)->default_value(o.threads),
       "CPU threads per rank (0: OMP_NUM_THREADS, or what the rank's core binding allows)");
   po::options_description dist("Distributed");
@@ -236,6 +240,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
     return std::nullopt;
   }
   o.overlap = !vm["no-overlap"].as<bool>();
+  o.tf32 = !vm["no-tf32"].as<bool>();
   if (o.resume == "none") o.resume = "never";  // the older spelling
   if (o.resume.empty()) throw UsageError("--resume must be auto, never or a checkpoint path");
 

@@ -72,15 +72,20 @@ class WeightsSnapshot {
   explicit WeightsSnapshot(Model& model)
       : model_(model), params_(copy_of(model.params())), buffers_(copy_of(model.buffers())) {}
   ~WeightsSnapshot() {
-    std::copy(params_.begin(), params_.end(), model_.params().values());
-    std::copy(buffers_.begin(), buffers_.end(), model_.buffers().values());
+    restore(params_, model_.params());
+    restore(buffers_, model_.buffers());
   }
   WeightsSnapshot(const WeightsSnapshot&) = delete;
   WeightsSnapshot& operator=(const WeightsSnapshot&) = delete;
 
  private:
-  static std::vector<float> copy_of(const ParamStore& p) {
-    return {p.values(), p.values() + p.arena_size()};
+  static std::vector<float> copy_of(ParamStore& p) {
+    p.download();
+    return {p.host_values(), p.host_values() + p.arena_size()};
+  }
+  static void restore(const std::vector<float>& copy, ParamStore& p) {
+    std::copy(copy.begin(), copy.end(), p.host_values());
+    p.upload();
   }
   Model& model_;
   std::vector<float> params_, buffers_;
@@ -280,7 +285,7 @@ void TrainingReport::predict(Model& model, int64_t epoch) {
     for (size_t k = 0; k < n; ++k)
       std::copy(samples_[first + k].input.begin(), samples_[first + k].input.end(),
                 batch.begin() + ptrdiff_t(k * pixels * kChannels));
-    const float* logits = model.forward(batch.data(), int(n));
+    const float* logits = model.forward_host(batch.data(), int(n));
     for (size_t k = 0; k < n; ++k) {
       Sample& s = samples_[first + k];
       data::Image pred{s.width, s.height, 1, std::vector<uint8_t>(pixels)};

@@ -26,13 +26,18 @@
 #include "train/report.hpp"
 #include "train/retention.hpp"
 #ifdef DP_WITH_CUDA
+#include "dp/cuda/batch_upload.hpp"
+#include "dp/cuda/cuda_backend.hpp"
 #include "dp/cuda/device.hpp"
+#include "dp/nccl_comm.hpp"
+#include "dp/nccl_grad_reducer.hpp"
 #endif
 
 namespace dp::app {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+constexpr size_t kImageChannels = 3;  // data::Batch images are [n, H, W, 3]
 
 // The embedded default: a small synthetic crack dataset (fixed seed, so the cache is reused).
 data::SynthOptions demo_dataset() {
@@ -302,6 +307,65 @@ void Trainer::on_root(const char* what, F&& fn) {
   });
 }
 
+// What the CUDA backend needs besides the backend itself: the NCCL communicator for the gradient
+// reducer and the batch uploader. Empty on the CPU.
+struct Trainer::DeviceState {
+#ifdef DP_WITH_CUDA
+  cuda::CudaBackend* backend = nullptr;
+  std::unique_ptr<mpi::NcclComm> nccl;
+  std::unique_ptr<cuda::BatchUploader> uploader;
+#endif
+};
+
+std::unique_ptr<Backend> Trainer::make_backend(bool use_gpu) {
+  device_ = std::make_unique<DeviceState>();
+  if (!use_gpu) return make_cpu_backend();
+#ifdef DP_WITH_CUDA
+  cuda::BackendOptions bo;
+  bo.tf32 = opt_.tf32;
+  bo.deterministic = opt_.deterministic;
+  auto backend = cuda::make_cuda_backend(bo);
+  device_->backend = backend.get();
+  return backend;
+#else
+  throw UsageError("--device cuda: this dptrain was built without CUDA");
+#endif
+}
+
+void Trainer::setup_device() {
+#ifdef DP_WITH_CUDA
+  if (device_->backend == nullptr) return;
+  const size_t pixels = size_t(opt_.batch_size) * size_t(height_) * size_t(width_);
+  device_->uploader = std::make_unique<cuda::BatchUploader>(pixels * (kImageChannels + 1),
+                                                            device_->backend->stream());
+  log_.info("GPU memory: ", format_mib(double(device_->backend->peak_bytes())),
+            " allocated at start (parameters, gradients, optimizer state, activations)");
+#endif
+}
+
+std::unique_ptr<mpi::GradReducer> Trainer::make_reducer(const mpi::ReducerOptions& ro) {
+#ifdef DP_WITH_CUDA
+  if (device_->backend != nullptr) {
+    device_->nccl = std::make_unique<mpi::NcclComm>(dynamic_cast<mpi::MpiComm&>(comm_));
+    return mpi::make_nccl_grad_reducer(*device_->nccl, model_->params(), model_->params().grads(),
+                                       device_->backend->stream(), ro);
+  }
+#endif
+  return mpi::make_grad_reducer(comm_, model_->params(), ro);
+}
+
+Trainer::BatchTensors Trainer::to_backend(const data::Batch& b) {
+  const size_t pixels = size_t(b.n) * size_t(height_) * size_t(width_);
+#ifdef DP_WITH_CUDA
+  if (device_->uploader) {
+    const auto up = device_->uploader->upload(b.images, pixels * kImageChannels, b.masks, pixels);
+    return {up.images, up.masks};
+  }
+#endif
+  (void)pixels;
+  return {b.images, b.masks};
+}
+
 Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     : opt_(std::move(options)),
       comm_(comm),
@@ -316,8 +380,13 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     for (std::string line; std::getline(lines, line);) block += "\n  " + line;
     log_.info("configuration (", comm_.size(), " rank(s)):", block);
   }
-  if (opt_.device == "cuda") {
+  // --device auto: the GPU where this dptrain has the CUDA backend and one is visible.
+  bool use_gpu = opt_.device == "cuda";
 #ifdef DP_WITH_CUDA
+  if (opt_.device == "auto") {
+    use_gpu = comm_.all_true(cuda::visible_device_count() > 0);  // every rank decides the same
+  }
+  if (use_gpu) {
     // GPU = node-local rank modulo the visible GPUs (CUDA_VISIBLE_DEVICES respected); more ranks
     // per node than GPUs only with --allow-gpu-sharing.
     collectively([&] {
@@ -333,29 +402,30 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
         throw UsageError(str_cat("--device cuda: ", e.what()));
       }
     });
-    throw UsageError(
-        "--device cuda: the CUDA backend's layers are not implemented yet in this version "
-        "(only device discovery and the NCCL bootstrap are); use --device cpu");
+  }
 #else
+  if (use_gpu)
     throw UsageError(
         "--device cuda: this dptrain was built without CUDA (configure with "
         "-DDP_WITH_CUDA=ON); use --device cpu");
 #endif
-  }
   if (opt_.threads > 0) omp_set_num_threads(opt_.threads);
   // Every reduction order is fixed by the world size and the thread count (static OpenMP
   // schedules, oneDNN's fixed blocking, a fixed all-reduce ring); --deterministic also forbids
   // OpenMP from changing the thread count between parallel regions.
   if (opt_.deterministic) omp_set_dynamic(0);
-  log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN), ", omp_get_max_threads(),
-            " thread(s) per rank");
+  if (use_gpu)
+    log_.info("dptrain: ", comm_.size(), " rank(s), device cuda (one GPU per rank)");
+  else
+    log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN), ", omp_get_max_threads(),
+              " thread(s) per rank");
   on_root("--model-dir", [&] { ensure_writable_dir(opt_.model_dir); });
   collectively([&] { parse_fail_at(fail_rank_, fail_step_); });
   collectively([&] { parse_fail_at(preempt_rank_, preempt_step_, kPreemptAtVariable); });
   prepare_data();
 
   collectively([&] {
-    backend_ = make_cpu_backend();
+    backend_ = make_backend(use_gpu);
     data::LoaderOptions lo;
     lo.batch_size = opt_.batch_size;
     lo.prefetch = opt_.prefetch;
@@ -391,8 +461,10 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
       throw UsageError(str_cat("dataset '", data_path_, "': ", e.what()));
     }
     optim_ = make_optimizer(opt_, model_->params(), *backend_);
-    diff_logits_ = Buffer(static_cast<size_t>(opt_.batch_size) * height_ * width_ * sizeof(float));
+    diff_logits_ = Buffer(static_cast<size_t>(opt_.batch_size) * height_ * width_ * sizeof(float),
+                          backend_->device_memory());
     dropout_seeds_.resize(size_t(opt_.batch_size));
+    setup_device();
   });
   const ParamStore& ps = model_->params();
   log_.info("data: ", data_path_, ": ", train_loader_->dataset_size(), " train, ",
@@ -419,7 +491,7 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
   mpi::ReducerOptions ro;
   ro.bucket_mib = opt_.bucket_mb;
   ro.overlap = opt_.overlap;
-  reducer_ = mpi::make_grad_reducer(comm_, model_->params(), ro);
+  reducer_ = make_reducer(ro);
   log_.info(
       "gradients: ",
       opt_.bench_skip_allreduce ? "NOT reduced (--bench-skip-allreduce)" : reducer_->describe(),
@@ -576,11 +648,21 @@ void Trainer::restore_or_init() {
     }
   });
   // Rank 0's weights, optimiser state and progress go to every rank.
-  comm_.broadcast(ps.values(), size_t(ps.arena_size()) * sizeof(float), 0);
-  comm_.broadcast(model_->buffers().values(),
-                  size_t(model_->buffers().arena_size()) * sizeof(float), 0);
-  for (const StateArena& arena : optim_->state())
-    comm_.broadcast(arena.data, size_t(ps.arena_size()) * sizeof(float), 0);
+  // (Through host memory: once per run.)
+  for (ParamStore* store : {&model_->params(), &model_->buffers()}) {
+    store->download();
+    comm_.broadcast(store->host_values(), size_t(store->arena_size()) * sizeof(float), 0);
+    store->upload();
+  }
+  DeviceMemory* const device = backend_->device_memory();
+  std::vector<float> stage(device != nullptr ? size_t(ps.arena_size()) : 0);
+  for (const StateArena& arena : optim_->state()) {
+    const size_t bytes = size_t(ps.arena_size()) * sizeof(float);
+    float* host = device != nullptr ? stage.data() : arena.data;
+    if (device != nullptr) device->download(host, arena.data, bytes);
+    comm_.broadcast(host, bytes, 0);
+    if (device != nullptr) device->upload(arena.data, host, bytes);
+  }
   std::vector<double> packed = pack(state_);
   int64_t length = int64_t(packed.size());
   comm_.broadcast(&length, sizeof length, 0);
@@ -652,14 +734,15 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
     for (int i = 0; i < b->n; ++i)
       dropout_seeds_[size_t(i)] = key(opt_.seed, uint64_t(epoch), uint64_t(b->indices[i]));
     model_->set_dropout_seeds(dropout_seeds_.data(), b->n);
-    const float* logits = model_->forward(b->images, b->n);
+    const BatchTensors in = to_backend(*b);
+    const float* logits = model_->forward(in.images, b->n);
     sums[0] +=
-        backend_->bce_with_logits(real_pixels, logits, b->masks, pos_weight_, grad_scale, diff);
+        backend_->bce_with_logits(real_pixels, logits, in.masks, pos_weight_, grad_scale, diff);
     if (real < b->n)  // padding: zero gradient (scale 0), its loss is dropped
       backend_->bce_with_logits(int64_t(b->n - real) * image_pixels, logits + real_pixels,
-                                b->masks + real_pixels, pos_weight_, 0.0f, diff + real_pixels);
+                                in.masks + real_pixels, pos_weight_, 0.0f, diff + real_pixels);
     sums[1] += double(real_pixels);
-    backend_->confusion_counts(real_pixels, logits, b->masks, logit_threshold, counts);
+    backend_->confusion_counts(real_pixels, logits, in.masks, logit_threshold, counts);
     counts[3] += real;
     if (boundary && comm_.rank() == fail_rank_ && state_.step + 1 == fail_step_)
       fail(kFailAtVariable, "=", fail_rank_, ":", fail_step_, ": failing on purpose in step ",
@@ -678,7 +761,8 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
       reduce_wait += seconds_since(waited_from);
     }
     if (opt_.clip_grad_norm > 0)  // the reduced, averaged gradients: identical on every rank
-      clip_grad_norm(model_->params().grads(), model_->params().arena_size(), opt_.clip_grad_norm);
+      clip_grad_norm(*backend_, model_->params().grads(), model_->params().arena_size(),
+                     opt_.clip_grad_norm);
     optim_->update(lr, state_.step + 1);
     ++step;
     ++state_.step;
@@ -715,10 +799,11 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
 }
 
 void Trainer::check_sync() {
+  model_->params().download();
   const std::vector<ParamView>& views = model_->params().views();
   std::vector<int64_t> mine(views.size()), root(views.size()), differ(views.size());
   for (size_t i = 0; i < views.size(); ++i)
-    mine[i] = static_cast<int64_t>(hash_floats(views[i].value, views[i].numel));
+    mine[i] = static_cast<int64_t>(hash_floats(views[i].host, views[i].numel));
   root = mine;
   comm_.broadcast(root.data(), root.size() * sizeof(int64_t), 0);
   for (size_t i = 0; i < views.size(); ++i) differ[i] = mine[i] != root[i] ? 1 : 0;
@@ -746,11 +831,12 @@ EpochMetrics Trainer::validate() {
   val_loader_->start(sampler.indices(0), 0);
   while (const data::Batch* b = val_loader_->next()) {
     const int64_t pixels = int64_t(b->n) * height_ * width_;
-    const float* logits = model_->forward(b->images, b->n);
+    const BatchTensors in = to_backend(*b);
+    const float* logits = model_->forward(in.images, b->n);
     sums[0] +=
-        backend_->bce_with_logits(pixels, logits, b->masks, pos_weight_, 0.0f, diff_logits_.f32());
+        backend_->bce_with_logits(pixels, logits, in.masks, pos_weight_, 0.0f, diff_logits_.f32());
     sums[1] += double(pixels);
-    backend_->confusion_counts(pixels, logits, b->masks, logit_threshold, counts);
+    backend_->confusion_counts(pixels, logits, in.masks, logit_threshold, counts);
     counts[3] += b->n;
   }
   comm_.allreduce_sum(sums, 2);

@@ -92,6 +92,18 @@ class Trainer {
   // Runs `fn` on rank 0 only; every rank learns whether it succeeded (no rank waits forever).
   template <typename F>
   void on_root(const char* what, F&& fn);
+  // The CPU backend, or the CUDA one on the selected GPU (then device_ holds its helpers).
+  std::unique_ptr<Backend> make_backend(bool use_gpu);
+  void setup_device();  // after the model's set-up: the batch uploader; logs the GPU memory
+  // The MPI reducer on host gradients, or the NCCL one on device gradients.
+  std::unique_ptr<mpi::GradReducer> make_reducer(const mpi::ReducerOptions& ro);
+  // A batch's images and masks in backend memory (uploaded on a copy stream for the GPU).
+  struct BatchTensors {
+    const float* images = nullptr;
+    const float* masks = nullptr;
+  };
+  BatchTensors to_backend(const data::Batch& b);
+
   // Every rank runs `fn`; if any rank fails, every rank throws AgreedFailure, with report() true
   // only on the lowest failing rank.
   template <typename F>
@@ -103,6 +115,8 @@ class Trainer {
   TrainProgress progress_;  // rank 0: bar on a terminal, or a line every --log-every steps
   std::string data_path_;
   std::unique_ptr<Backend> backend_;
+  struct DeviceState;  // --device cuda: NCCL communicator, batch uploader
+  std::unique_ptr<DeviceState> device_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optim_;           // --optimizer: SGD or AdamW
   std::unique_ptr<mpi::GradReducer> reducer_;  // sums gradients over ranks during backward

@@ -234,6 +234,26 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void batchnorm_prepare(int channels, bool training, const double* sums, double count, float eps,
+                         float momentum, float* running_mean, float* running_var, float* mean,
+                         float* invstd) override {
+    if (!training) {
+      for (int k = 0; k < channels; ++k) {
+        mean[k] = running_mean[k];
+        invstd[k] = 1.0f / std::sqrt(running_var[k] + eps);
+      }
+      return;
+    }
+    std::vector<float>& var = scratch_a_;
+    var.resize(size_t(channels));
+    batchnorm_moments(sums, channels, count, eps, mean, var.data(), invstd);
+    const float unbias = count > 1 ? float(count / (count - 1)) : 1.0f;
+    for (int k = 0; k < channels; ++k) {
+      running_mean[k] = (1 - momentum) * running_mean[k] + momentum * mean[k];
+      running_var[k] = (1 - momentum) * running_var[k] + momentum * var[size_t(k)] * unbias;
+    }
+  }
+
   void batchnorm_apply(const Dims& d, const float* src, const float* mean, const float* invstd,
                        const float* gamma, const float* beta, bool relu, float* dst) override {
     const int c = d.c;
@@ -252,7 +272,7 @@ class CpuBackend final : public Backend {
 
   void batchnorm_backward_stats(const Dims& d, const float* src, const float* dst, bool relu,
                                 float* diff_dst, const float* mean, const float* invstd,
-                                double* sums) override {
+                                double* sums, float* diff_gamma, float* diff_beta) override {
     const int c = d.c;
     const int64_t pixels = d.pixels();
     std::fill(sums, sums + 2 * c, 0.0);
@@ -268,6 +288,10 @@ class CpuBackend final : public Backend {
         sums[k] += dy[k];
         sums[c + k] += double(dy[k]) * (x[k] - mean[k]) * invstd[k];
       }
+    }
+    for (int k = 0; k < c; ++k) {
+      diff_gamma[k] = float(sums[c + k]);
+      diff_beta[k] = float(sums[k]);
     }
   }
 
@@ -396,6 +420,29 @@ class CpuBackend final : public Backend {
       m[i] = buf;
       p[i] -= lr * (nesterov ? g + momentum * buf : buf);
     }
+  }
+
+  void adamw_update(int64_t count, float* p, const float* g, float* m, float* v, float decay,
+                    float b1, float b2, float eps, float step_size, float bc2_sqrt) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < count; ++i) {
+      p[i] *= decay;
+      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+      v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+      p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
+    }
+  }
+
+  double sum_squares(int64_t count, const float* src) override {
+    double sum = 0;
+#pragma omp parallel for reduction(+ : sum) schedule(static)
+    for (int64_t i = 0; i < count; ++i) sum += double(src[i]) * double(src[i]);
+    return sum;
+  }
+
+  void scale(int64_t count, float alpha, float* dst) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < count; ++i) dst[i] *= alpha;
   }
 
  private:

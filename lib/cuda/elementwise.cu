@@ -1,19 +1,13 @@
 // Element-wise CUDA kernels (fill, axpy) with grid-stride loops; exercise the .cu build path.
-#include <algorithm>
-
 #include "dp/cuda/device.hpp"
+#include "launch.cuh"
 
 namespace dp::cuda {
 
 namespace {
 
-constexpr unsigned kBlockSize = 256;
-// Enough blocks to fill any current GPU; the grid-stride loop covers larger n.
-constexpr size_t kMaxBlocks = 4096;
-
-unsigned blocks_for(size_t n) {
-  return static_cast<unsigned>(std::min((n + kBlockSize - 1) / kBlockSize, kMaxBlocks));
-}
+using detail::blocks_for;
+using detail::kBlockSize;
 
 __global__ void fill_kernel(float* dst, size_t n, float value) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;

@@ -14,11 +14,14 @@ constexpr double kClipEpsilon = 1e-6;  // torch.nn.utils.clip_grad_norm_'s
 
 }  // namespace
 
-AdamW::AdamW(ParamStore& params, AdamWOptions options)
+AdamW::AdamW(ParamStore& params, Backend& backend, AdamWOptions options)
     : params_(params),
+      backend_(backend),
       options_(options),
-      exp_avg_(static_cast<size_t>(params.arena_size()) * sizeof(float)),
-      exp_avg_sq_(static_cast<size_t>(params.arena_size()) * sizeof(float)) {}
+      exp_avg_(static_cast<size_t>(params.arena_size()) * sizeof(float),
+               params.value_buffer().device()),
+      exp_avg_sq_(static_cast<size_t>(params.arena_size()) * sizeof(float),
+                  params.value_buffer().device()) {}
 
 void AdamW::update(float lr, int64_t t) {
   DP_CHECK(t >= 1, "AdamW::update: step number must be >= 1, got ", t);
@@ -26,31 +29,14 @@ void AdamW::update(float lr, int64_t t) {
   const float decay = 1.0f - lr * options_.weight_decay;
   const float step_size = lr / float(1.0 - std::pow(double(b1), double(t)));
   const float bc2_sqrt = float(std::sqrt(1.0 - std::pow(double(b2), double(t))));
-  const int64_t n = params_.arena_size();
-  float* p = params_.values();
-  const float* g = params_.grads();
-  float* m = exp_avg_.f32();
-  float* v = exp_avg_sq_.f32();
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    p[i] *= decay;
-    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-    p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
-  }
+  backend_.adamw_update(params_.arena_size(), params_.values(), params_.grads(), exp_avg_.f32(),
+                        exp_avg_sq_.f32(), decay, b1, b2, eps, step_size, bc2_sqrt);
 }
 
-double clip_grad_norm(float* grads, int64_t count, double max_norm) {
-  double sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-  for (int64_t i = 0; i < count; ++i) sum += double(grads[i]) * double(grads[i]);
-  const double norm = std::sqrt(sum);
+double clip_grad_norm(Backend& backend, float* grads, int64_t count, double max_norm) {
+  const double norm = std::sqrt(backend.sum_squares(count, grads));
   const double coef = max_norm / (norm + kClipEpsilon);
-  if (coef < 1.0) {
-    const auto c = float(coef);
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < count; ++i) grads[i] *= c;
-  }
+  if (coef < 1.0) backend.scale(count, float(coef), grads);
   return norm;
 }
 

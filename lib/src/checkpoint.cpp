@@ -54,6 +54,30 @@ std::string hex(uint64_t v) {
   return buf;
 }
 
+// An arena of `params`' layout (its values, or optimiser state) where the host can read or write
+// it: the arena itself for host stores, else `stage`, filled by download (fetch) or to be
+// uploaded by store().
+class HostArena {
+ public:
+  HostArena(const ParamStore& params, const float* arena)
+      : device_(params.value_buffer().device()), arena_(const_cast<float*>(arena)) {
+    if (device_ != nullptr) stage_.resize(static_cast<size_t>(params.arena_size()));
+  }
+  float* data() { return device_ != nullptr ? stage_.data() : arena_; }
+  void fetch() {
+    if (device_ != nullptr) device_->download(stage_.data(), arena_, bytes());
+  }
+  void store() {
+    if (device_ != nullptr) device_->upload(arena_, stage_.data(), bytes());
+  }
+
+ private:
+  size_t bytes() const { return stage_.size() * sizeof(float); }
+  DeviceMemory* device_;
+  float* arena_;
+  std::vector<float> stage_;
+};
+
 // Views sorted by name: the order of datasets in the file and in the checksum.
 std::vector<const ParamView*> by_name(const ParamStore& params) {
   std::vector<const ParamView*> v;
@@ -150,16 +174,22 @@ void save_checkpoint(const std::string& path, const ParamStore& params, const Op
     std::lock_guard lock(h5::mutex());
     h5::File file(tmp, h5::Mode::kTruncate);
     uint64_t sum = 0;
+    HostArena values(params, params.values());
+    values.fetch();
     for (const ParamView* p : by_name(params)) {
+      const float* v = values.data() + p->offset;
       h5::Dataset::create(file, kParamsGroup + "/" + p->name, h5::Type::kFloat32, p->shape)
-          .write(p->value);
-      sum = checksum_update(sum, p->name, p->value, p->numel);
+          .write(v);
+      sum = checksum_update(sum, p->name, v, p->numel);
     }
     if (buffers != nullptr) {
+      HostArena buffer_values(*buffers, buffers->values());
+      buffer_values.fetch();
       for (const ParamView* b : by_name(*buffers)) {
+        const float* v = buffer_values.data() + b->offset;
         h5::Dataset::create(file, kBuffersGroup + "/" + b->name, h5::Type::kFloat32, b->shape)
-            .write(b->value);
-        sum = checksum_update(sum, kBuffersGroup + "/" + b->name, b->value, b->numel);
+            .write(v);
+        sum = checksum_update(sum, kBuffersGroup + "/" + b->name, v, b->numel);
       }
     }
     std::string names;
@@ -169,8 +199,10 @@ void save_checkpoint(const std::string& path, const ParamStore& params, const Op
                "save_checkpoint: bad optimizer state arena '", arena.name, "'");
       names += (names.empty() ? "" : std::string(1, kStateNameSeparator)) + arena.name;
       const std::string group = kOptimGroup + arena.name + "/";
+      HostArena state_values(params, arena.data);
+      state_values.fetch();
       for (const ParamView* p : by_name(params)) {
-        const float* m = arena.data + p->offset;
+        const float* m = state_values.data() + p->offset;
         h5::Dataset::create(file, group + p->name, h5::Type::kFloat32, p->shape).write(m);
         sum = checksum_update(sum, group + p->name, m, p->numel);
       }
@@ -231,10 +263,16 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
              " with a different width?)");
     d.read(dst);
   };
+  // Everything is read into host arenas (staging for device stores) and only stored to the
+  // device once the checksum holds.
   uint64_t sum = 0;
+  std::vector<HostArena> staged;
+  staged.reserve(2 + state.size());
+  HostArena& values = staged.emplace_back(params, params.values());
   for (const ParamView* p : by_name(params)) {
-    load(kParamsGroup + "/" + p->name, *p, p->value);
-    sum = checksum_update(sum, p->name, p->value, p->numel);
+    float* v = values.data() + p->offset;
+    load(kParamsGroup + "/" + p->name, *p, v);
+    sum = checksum_update(sum, p->name, v, p->numel);
   }
   const auto stored = file.open_group(kParamsGroup).children();
   DP_CHECK(stored.size() == params.views().size(), "checkpoint '", path, "' holds ", stored.size(),
@@ -249,9 +287,11 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
     DP_CHECK(source != nullptr || count == 0, "checkpoint '", path,
              "' holds batch-norm statistics, but no model buffers were given to load them into");
     if (source != nullptr) {
+      HostArena& buffer_values = staged.emplace_back(*source, source->values());
       for (const ParamView* b : by_name(*source)) {
-        load(kBuffersGroup + "/" + b->name, *b, b->value);
-        sum = checksum_update(sum, kBuffersGroup + "/" + b->name, b->value, b->numel);
+        float* v = buffer_values.data() + b->offset;
+        load(kBuffersGroup + "/" + b->name, *b, v);
+        sum = checksum_update(sum, kBuffersGroup + "/" + b->name, v, b->numel);
       }
     }
   } else {
@@ -263,7 +303,7 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
   for (const std::string& name : stored_state) {
     float* arena = nullptr;
     for (const StateArena& a : state)
-      if (a.name == name) arena = a.data;
+      if (a.name == name) arena = staged.emplace_back(params, a.data).data();
     const std::string group = kOptimGroup + name + "/";
     for (const ParamView* p : by_name(params)) {
       float* dst = arena != nullptr ? arena + p->offset : nullptr;
@@ -278,6 +318,7 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
   DP_CHECK(file.attr_string("checksum") == hex(sum), "checkpoint '", path,
            "' is corrupt: checksum mismatch (stored ", file.attr_string("checksum"), ", computed ",
            hex(sum), ")");
+  for (HostArena& arena : staged) arena.store();
   return meta;
 }
 

@@ -139,8 +139,8 @@ void Model::set_output(int node) {
 }
 
 void Model::finalize() {
-  params_.finalize();
-  buffers_.finalize();
+  params_.finalize(backend_.device_memory());
+  buffers_.finalize(backend_.device_memory());
 }
 
 Dims Model::dims(int node, int n) const {
@@ -176,6 +176,7 @@ void Model::setup(int max_batch, int height, int width) {
   max_batch_ = max_batch;
   height_ = height;
   width_ = width;
+  DeviceMemory* const mem = backend_.device_memory();
   int64_t largest = 0;
   int max_channels = 0;
   for (size_t i = 0; i < nodes_.size(); ++i) {
@@ -183,8 +184,8 @@ void Model::setup(int max_batch, int height, int width) {
     const int64_t bytes = dims(static_cast<int>(i), max_batch).numel() * int64_t{sizeof(float)};
     largest = std::max(largest, bytes);
     max_channels = std::max(max_channels, x.c);
-    if (static_cast<int>(i) != input_) x.value = Buffer(static_cast<size_t>(bytes));
-    x.grad = Buffer(static_cast<size_t>(bytes));
+    if (static_cast<int>(i) != input_) x.value = Buffer(static_cast<size_t>(bytes), mem);
+    x.grad = Buffer(static_cast<size_t>(bytes), mem);
     x.v = x.value.f32();
     x.g = x.grad.f32();
   }
@@ -193,18 +194,22 @@ void Model::setup(int max_batch, int height, int width) {
   for (Op& op : ops_) {
     const int c = channels(op.out);
     if (op.kind == OpKind::kMaxPool)
-      op.saved = Buffer(static_cast<size_t>(dims(op.out, max_batch).numel()));
-    if (op.kind == OpKind::kBatchNorm) op.saved = Buffer(2 * size_t(c) * sizeof(float));
-    if (op.kind == OpKind::kDropout) op.saved = Buffer(size_t(max_batch) * c * sizeof(float));
+      op.saved = Buffer(static_cast<size_t>(dims(op.out, max_batch).numel()), mem);
+    if (op.kind == OpKind::kBatchNorm) op.saved = Buffer(2 * size_t(c) * sizeof(float), mem);
+    if (op.kind == OpKind::kDropout) op.saved = Buffer(size_t(max_batch) * c * sizeof(float), mem);
   }
-  scratch_ = Buffer(static_cast<size_t>(largest));
+  scratch_ = Buffer(static_cast<size_t>(largest), mem);
   // GradMode::kAccumulate: room for the largest op's parameter gradients (two tensors, each
   // starting on a 64-byte boundary) before they are added to the arena.
   int64_t largest_param = 0;
   for (const ParamView& p : params_.views()) largest_param = std::max(largest_param, p.numel);
-  param_scratch_ = Buffer(static_cast<size_t>(2 * aligned(largest_param)) * sizeof(float));
+  param_scratch_ = Buffer(static_cast<size_t>(2 * aligned(largest_param)) * sizeof(float), mem);
   bn_sums_.assign(2 * size_t(max_channels) + 1, 0.0);
-  bn_var_.assign(size_t(max_channels), 0.0f);
+  if (mem != nullptr) {
+    input_stage_ =
+        Buffer(static_cast<size_t>(dims(input_, max_batch).numel()) * sizeof(float), mem);
+    logits_host_.resize(static_cast<size_t>(dims(output_, max_batch).numel()));
+  }
   dropout_seeds_.resize(size_t(max_batch));
   op_seeds_.resize(size_t(max_batch));
   for (int i = 0; i < max_batch; ++i) dropout_seeds_[size_t(i)] = key(0, i);
@@ -226,31 +231,19 @@ void Model::batchnorm_forward(Op& op, int n) {
   const Dims d = dims(op.in0, n);
   float* mean = op.saved.f32();
   float* invstd = mean + d.c;
-  const float* gamma = params_.view(op.weight).value;
-  const float* beta = params_.view(op.bias).value;
-  float* running_mean = buffers_.view(op.running_mean).value;
-  float* running_var = buffers_.view(op.running_var).value;
+  double* sums = bn_sums_.data();
+  double count = 0;
   if (training_) {
-    double* sums = bn_sums_.data();
     backend_.batchnorm_stats(d, nodes_[size_t(op.in0)].v, sums);
     sums[2 * d.c] = double(d.pixels());
     if (stat_reducer_) stat_reducer_(sums, 2 * size_t(d.c) + 1);  // sync-BN
-    const double count = sums[2 * d.c];
-    std::vector<float>& var = bn_var_;
-    batchnorm_moments(sums, d.c, count, kBnEps, mean, var.data(), invstd);
-    const float unbias = count > 1 ? float(count / (count - 1)) : 1.0f;
-    for (int k = 0; k < d.c; ++k) {
-      running_mean[k] = (1 - kBnMomentum) * running_mean[k] + kBnMomentum * mean[k];
-      running_var[k] = (1 - kBnMomentum) * running_var[k] + kBnMomentum * var[size_t(k)] * unbias;
-    }
-  } else {
-    for (int k = 0; k < d.c; ++k) {
-      mean[k] = running_mean[k];
-      invstd[k] = 1.0f / std::sqrt(running_var[k] + kBnEps);
-    }
+    count = sums[2 * d.c];
   }
-  backend_.batchnorm_apply(d, nodes_[size_t(op.in0)].v, mean, invstd, gamma, beta, op.relu,
-                           nodes_[size_t(op.out)].v);
+  backend_.batchnorm_prepare(d.c, training_, sums, count, kBnEps, kBnMomentum,
+                             buffers_.view(op.running_mean).value,
+                             buffers_.view(op.running_var).value, mean, invstd);
+  backend_.batchnorm_apply(d, nodes_[size_t(op.in0)].v, mean, invstd, params_.view(op.weight).value,
+                           params_.view(op.bias).value, op.relu, nodes_[size_t(op.out)].v);
 }
 
 const float* Model::forward(const float* input, int n) {
@@ -300,6 +293,17 @@ const float* Model::forward(const float* input, int n) {
     }
   }
   return nodes_[static_cast<size_t>(output_)].v;
+}
+
+const float* Model::forward_host(const float* host_input, int n) {
+  if (backend_.device_memory() == nullptr) return forward(host_input, n);
+  DP_CHECK(n > 0 && n <= max_batch_, "batch of ", n, " images, but the model was set up for ",
+           max_batch_);
+  input_stage_.upload(host_input, static_cast<size_t>(dims(input_, n).numel()) * sizeof(float));
+  const float* logits = forward(input_stage_.f32(), n);
+  const auto count = static_cast<size_t>(dims(output_, n).numel());
+  backend_.device_memory()->download(logits_host_.data(), logits, count * sizeof(float));
+  return logits_host_.data();
 }
 
 void Model::backward(const float* diff_logits, GradListener* listener, GradMode mode) {
@@ -426,12 +430,9 @@ void Model::batchnorm_backward(Op& op, int n, float* dgamma, float* dbeta) {
   const float* mean = op.saved.f32();
   const float* invstd = mean + d.c;
   double* sums = bn_sums_.data();
-  backend_.batchnorm_backward_stats(d, x.v, out.v, op.relu, out.g, mean, invstd, sums);
-  // This rank's parameter gradients (the gradient reducer sums them over ranks later).
-  for (int k = 0; k < d.c; ++k) {
-    dgamma[k] = float(sums[d.c + k]);
-    dbeta[k] = float(sums[k]);
-  }
+  // dgamma, dbeta: this rank's parameter gradients (the gradient reducer sums them later).
+  backend_.batchnorm_backward_stats(d, x.v, out.v, op.relu, out.g, mean, invstd, sums, dgamma,
+                                    dbeta);
   const ParamView& gamma = params_.view(op.weight);
   sums[2 * d.c] = double(d.pixels());
   if (training_ && stat_reducer_) stat_reducer_(sums, 2 * size_t(d.c) + 1);

@@ -9,7 +9,8 @@ Sgd::Sgd(ParamStore& params, Backend& backend, SgdOptions options)
     : params_(params),
       backend_(backend),
       options_(options),
-      momentum_(static_cast<size_t>(params.arena_size()) * sizeof(float)) {}
+      momentum_(static_cast<size_t>(params.arena_size()) * sizeof(float),
+                params.value_buffer().device()) {}
 
 void Sgd::step(float lr) {
   backend_.sgd_update(params_.arena_size(), params_.values(), params_.grads(), momentum_.f32(), lr,

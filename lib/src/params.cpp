@@ -27,7 +27,7 @@ int ParamStore::add(std::string name, std::vector<int64_t> shape, int64_t fan, I
   return static_cast<int>(views_.size() - 1);
 }
 
-void ParamStore::finalize() {
+void ParamStore::finalize(DeviceMemory* device) {
   DP_CHECK(!finalized_, "ParamStore::finalize() called twice");
   int64_t offset = 0;
   for (auto it = views_.rbegin(); it != views_.rend(); ++it) {
@@ -35,11 +35,17 @@ void ParamStore::finalize() {
     offset += (it->numel + kAlignFloats - 1) / kAlignFloats * kAlignFloats;
   }
   arena_size_ = offset;
-  values_ = Buffer(static_cast<size_t>(arena_size_) * sizeof(float));
-  grads_ = Buffer(static_cast<size_t>(arena_size_) * sizeof(float));
+  const size_t bytes = static_cast<size_t>(arena_size_) * sizeof(float);
+  values_ = Buffer(bytes, device);
+  grads_ = Buffer(bytes, device);
+  if (device != nullptr) {
+    host_mirror_ = Buffer(bytes);
+    host_ = host_mirror_.f32();
+  }
   for (auto& v : views_) {
     v.value = values_.f32() + v.offset;
     v.grad = grads_.f32() + v.offset;
+    v.host = host_values() + v.offset;
   }
   finalized_ = true;
 }
@@ -56,6 +62,14 @@ int64_t ParamStore::count() const {
   return n;
 }
 
+void ParamStore::download() {
+  if (on_device()) values_.download(host_, values_.bytes());
+}
+
+void ParamStore::upload() {
+  if (on_device()) values_.upload(host_, values_.bytes());
+}
+
 void ParamStore::init_pytorch_default(uint64_t seed) {
   DP_CHECK(finalized_, "ParamStore::init before finalize()");
   constexpr float kTwoPi = 6.283185307179586f;
@@ -64,25 +78,26 @@ void ParamStore::init_pytorch_default(uint64_t seed) {
     switch (v.init) {
       case Init::kUniformFanIn: {
         const float bound = 1.0f / std::sqrt(static_cast<float>(v.fan));
-        for (int64_t i = 0; i < v.numel; ++i) v.value[i] = rng.uniform(-bound, bound);
+        for (int64_t i = 0; i < v.numel; ++i) v.host[i] = rng.uniform(-bound, bound);
         break;
       }
       case Init::kKaimingNormalFanOut: {
         const float std_dev = std::sqrt(2.0f / static_cast<float>(v.fan));
         for (int64_t i = 0; i < v.numel; ++i) {  // Box-Muller
           const float u1 = 1.0f - rng.uniform(), u2 = rng.uniform();
-          v.value[i] = std_dev * std::sqrt(-2.0f * std::log(u1)) * std::cos(kTwoPi * u2);
+          v.host[i] = std_dev * std::sqrt(-2.0f * std::log(u1)) * std::cos(kTwoPi * u2);
         }
         break;
       }
       case Init::kOnes:
-        std::fill(v.value, v.value + v.numel, 1.0f);
+        std::fill(v.host, v.host + v.numel, 1.0f);
         break;
       case Init::kZeros:
-        std::fill(v.value, v.value + v.numel, 0.0f);
+        std::fill(v.host, v.host + v.numel, 0.0f);
         break;
     }
   }
+  upload();
 }
 
 }  // namespace dp

@@ -82,6 +82,10 @@ ImportReport import_weights(const std::string& path, const std::string& model, P
   for (const std::string& k : file.children())
     if (k != "params" && k != "buffers" && k != "optim") entries.emplace_back(k, k);
 
+  // Read into the host copies (the current values first: an encoder-only import keeps the rest),
+  // stored to the device once every tensor is there.
+  params.download();
+  buffers.download();
   ImportReport report;
   std::map<std::string, bool> done;
   for (const auto& [key, dataset] : entries) {
@@ -97,7 +101,7 @@ ImportReport import_weights(const std::string& path, const std::string& model, P
              shape_str(d.shape()), " but ", model, "'s ", v->name, " is ", shape_str(v->shape),
              " (another architecture or --width-divisor?)");
     if (done[name]) continue;  // the reference lists shared layers twice (encoder.* and conv*.*)
-    d.read(v->value);
+    d.read(v->host);
     done[name] = true;
     ++report.loaded;
   }
@@ -110,6 +114,8 @@ ImportReport import_weights(const std::string& path, const std::string& model, P
   };
   require_all(params);
   require_all(buffers);
+  params.upload();
+  buffers.upload();
   return report;
 }
 

@@ -125,35 +125,22 @@ TEST_F(GoldenLayers, BatchNormTrainingAndEvaluation) {
     Vec rm = g.read(c + "/running_mean"), rv = g.read(c + "/running_var");
     const double count = double(d.pixels());
     std::vector<double> sums(size_t(2 * d.c));
-    Vec mean(size_t(d.c)), var(size_t(d.c)), invstd(size_t(d.c));
-    if (training) {
-      be->batchnorm_stats(d, x.data(), sums.data());
-      batchnorm_moments(sums.data(), d.c, count, eps, mean.data(), var.data(), invstd.data());
-      for (int k = 0; k < d.c; ++k) {  // PyTorch: running variance is the unbiased one
-        rm[size_t(k)] = (1 - momentum) * rm[size_t(k)] + momentum * mean[size_t(k)];
-        rv[size_t(k)] =
-            (1 - momentum) * rv[size_t(k)] + momentum * var[size_t(k)] * float(count / (count - 1));
-      }
+    Vec mean(size_t(d.c)), invstd(size_t(d.c));
+    if (training) be->batchnorm_stats(d, x.data(), sums.data());
+    be->batchnorm_prepare(d.c, training, sums.data(), count, eps, momentum, rm.data(), rv.data(),
+                          mean.data(), invstd.data());
+    if (training) {  // PyTorch: the running variance moves toward the unbiased one
       g.expect_close(c + "/running_mean_after", rm);
       g.expect_close(c + "/running_var_after", rv);
-    } else {
-      for (int k = 0; k < d.c; ++k) {
-        mean[size_t(k)] = rm[size_t(k)];
-        invstd[size_t(k)] = 1.0f / std::sqrt(rv[size_t(k)] + eps);
-      }
     }
     Vec y(x.size());
     be->batchnorm_apply(d, x.data(), mean.data(), invstd.data(), gamma.data(), beta.data(), false,
                         y.data());
     g.expect_close(c + "/y", y);
     Vec dy = g.read(c + "/dy"), dx(x.size());
-    be->batchnorm_backward_stats(d, x.data(), y.data(), false, dy.data(), mean.data(),
-                                 invstd.data(), sums.data());
     Vec dgamma(size_t(d.c)), dbeta(size_t(d.c));
-    for (int k = 0; k < d.c; ++k) {
-      dbeta[size_t(k)] = float(sums[size_t(k)]);
-      dgamma[size_t(k)] = float(sums[size_t(d.c + k)]);
-    }
+    be->batchnorm_backward_stats(d, x.data(), y.data(), false, dy.data(), mean.data(),
+                                 invstd.data(), sums.data(), dgamma.data(), dbeta.data());
     be->batchnorm_backward_apply(d, x.data(), dy.data(), mean.data(), invstd.data(), gamma.data(),
                                  sums.data(), count, training, dx.data(), false);
     g.expect_close(c + "/dx", dx);

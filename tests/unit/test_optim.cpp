@@ -35,7 +35,8 @@ TEST(AdamW, ThreeStepsMatchTorch) {
                              {0.2f, 0.2f, -0.5f, 1.0f, 0.5f}};
   float* p = ps.view(0).value;
   std::memcpy(p, init, sizeof init);
-  AdamW opt(ps, AdamWOptions{0.9f, 0.99f, 1e-8f, 0.05f});
+  auto backend = make_cpu_backend();
+  AdamW opt(ps, *backend, AdamWOptions{0.9f, 0.99f, 1e-8f, 0.05f});
   for (int t = 1; t <= 3; ++t) {
     std::memcpy(ps.view(0).grad, grads[t - 1], sizeof init);
     opt.update(0.1f, t);
@@ -60,12 +61,13 @@ TEST(AdamW, ThreeStepsMatchTorch) {
 TEST(ClipGradNorm, GlobalL2NormAsTorch) {
   // torch.nn.utils.clip_grad_norm_(max_norm=6.5) of [3,0,-4] and [12,0]: norm 13, factor
   // 6.5 / (13 + 1e-6).
+  auto backend = make_cpu_backend();
   float g[5] = {3, 0, -4, 12, 0};
-  EXPECT_DOUBLE_EQ(clip_grad_norm(g, 5, 6.5), 13.0);
+  EXPECT_DOUBLE_EQ(clip_grad_norm(*backend, g, 5, 6.5), 13.0);
   const double want[5] = {1.499999885, 0, -1.999999846, 5.999999538, 0};
   for (int i = 0; i < 5; ++i) EXPECT_NEAR(g[i], want[i], 1e-6) << i;
   float small[2] = {0.3f, 0.4f};  // norm 0.5 < 1: unchanged
-  EXPECT_NEAR(clip_grad_norm(small, 2, 1.0), 0.5, 1e-7);
+  EXPECT_NEAR(clip_grad_norm(*backend, small, 2, 1.0), 0.5, 1e-7);
   EXPECT_EQ(small[0], 0.3f);
   EXPECT_EQ(small[1], 0.4f);
 }
@@ -109,7 +111,7 @@ TEST(AdamW, StateRoundTripsThroughCheckpointsAndOtherOptimizersAreRefused) {
   auto a = make_model(mc, *be);
   auto b = make_model(mc, *be);
   a->params().init_pytorch_default(3);
-  AdamW oa(a->params(), {}), ob(b->params(), {});
+  AdamW oa(a->params(), *be, {}), ob(b->params(), *be, {});
   const int64_t n = a->params().arena_size();
   for (int64_t i = 0; i < n; ++i) {
     oa.state()[0].data[i] = 0.001f * float(i % 101);
@@ -163,7 +165,7 @@ TEST(OptimCli, AdamWCosineWarmupClipResumeEqualsUninterrupted) {
   mc.width_divisor = 16;
   auto a = make_model(mc, *be);
   auto b = make_model(mc, *be);
-  AdamW oa(a->params(), {}), ob(b->params(), {});
+  AdamW oa(a->params(), *be, {}), ob(b->params(), *be, {});
   load_checkpoint(dir.file("straight/model_epoch_3.h5"), a->params(), oa.state());
   load_checkpoint(dir.file("resumed/model_epoch_3.h5"), b->params(), ob.state());
   const size_t bytes = size_t(a->params().arena_size()) * sizeof(float);

@@ -24,7 +24,7 @@ struct AdamWOptions {
 // m and v are arenas of the parameter layout: optim/exp_avg/<name>, optim/exp_avg_sq/<name>.
 class AdamW : public Optimizer {
  public:
-  AdamW(ParamStore& params, AdamWOptions options);
+  AdamW(ParamStore& params, Backend& backend, AdamWOptions options);
   void update(float lr, int64_t t) override;
   OptimizerState state() const override {
     return {{kExpAvg, exp_avg_.f32()}, {kExpAvgSq, exp_avg_sq_.f32()}};
@@ -35,14 +35,15 @@ class AdamW : public Optimizer {
 
  private:
   ParamStore& params_;
+  Backend& backend_;
   AdamWOptions options_;
   Buffer exp_avg_, exp_avg_sq_;
 };
 
 // torch.nn.utils.clip_grad_norm_(norm_type=2): the L2 norm of all `count` gradients together;
 // if it exceeds max_norm, every gradient is multiplied by max_norm / (norm + 1e-6). Returns the
-// norm before clipping.
-double clip_grad_norm(float* grads, int64_t count, double max_norm);
+// norm before clipping. `grads` is backend memory.
+double clip_grad_norm(Backend& backend, float* grads, int64_t count, double max_norm);
 
 // LR of epoch `epoch` (0-based), constant within an epoch (the schedule advances per epoch, as
 // PyTorch schedulers stepped once an epoch):

@@ -6,6 +6,8 @@
 #include <memory>
 #include <string>
 
+#include "dp/buffer.hpp"
+
 namespace dp {
 
 // Activation shape, NHWC float32 everywhere.
@@ -50,11 +52,17 @@ struct DeconvDesc {
 
 // Argument order everywhere: outputs' shapes, inputs, weights, saved state, outputs.
 // Backward functions OVERWRITE their outputs unless an `accumulate` flag says otherwise.
-// Pointers are backend memory (host memory for the CPU backend).
+// Tensors are backend memory (host memory for the CPU backend, device memory for the CUDA one);
+// the few small arrays marked "host" (batch-norm sums, dropout seeds, metric counts) and returned
+// scalars are host memory on every backend. Ops may run asynchronously on a device: an op that
+// returns or writes host values completes its work first; synchronize() waits for all of it.
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // Where the tensors live: null for host memory (CPU), else the device's allocator.
+  virtual DeviceMemory* device_memory() { return nullptr; }
+  virtual void synchronize() {}
 
   // dst = act(conv(src, weight) + bias); weight in PyTorch layout [cout, cin, k, k], bias [cout]
   // (bias ignored, may be null, when !d.bias).
@@ -75,18 +83,27 @@ class Backend {
 
   // Batch normalisation over (n, h, w) per channel, split so that statistics can be reduced over
   // ranks between the steps (sync-BN). Sums are double; C = d.c.
-  // stats: sums[c] = sum x, sums[C + c] = sum x^2.
+  // stats: sums (host, 2 C) [c] = sum x, [C + c] = sum x^2.
   virtual void batchnorm_stats(const Dims& d, const float* src, double* sums) = 0;
+  // mean and invstd = 1 / sqrt(var + eps) (C each) for apply and backward. Training: from the
+  // sums (host, over `count` elements per channel; var biased), and the running statistics move
+  // by `momentum` toward mean and the unbiased variance. Evaluation: from the running statistics.
+  virtual void batchnorm_prepare(int channels, bool training, const double* sums, double count,
+                                 float eps, float momentum, float* running_mean, float* running_var,
+                                 float* mean, float* invstd) = 0;
   // dst = act(gamma * (src - mean) * invstd + beta).
   virtual void batchnorm_apply(const Dims& d, const float* src, const float* mean,
                                const float* invstd, const float* gamma, const float* beta,
                                bool relu, float* dst) = 0;
-  // With relu, diff_dst is first masked in place by (dst > 0). Then sums[c] = sum dy,
-  // sums[C + c] = sum dy * (x - mean) * invstd.
+  // With relu, diff_dst is first masked in place by (dst > 0). Then sums (host, 2 C) [c] = sum dy,
+  // [C + c] = sum dy * (x - mean) * invstd, and this rank's parameter gradients
+  // diff_beta = sums[c], diff_gamma = sums[C + c] (C each).
   virtual void batchnorm_backward_stats(const Dims& d, const float* src, const float* dst,
                                         bool relu, float* diff_dst, const float* mean,
-                                        const float* invstd, double* sums) = 0;
-  // Training (batch statistics over `count` elements per channel): dx = gamma * invstd *
+                                        const float* invstd, double* sums, float* diff_gamma,
+                                        float* diff_beta) = 0;
+  // sums: host, possibly summed over ranks. Training (batch statistics over `count` elements per
+  // channel): dx = gamma * invstd *
   // (dy - sum_dy / count - xhat * sum_dy_xhat / count); with running statistics (!training):
   // dx = gamma * invstd * dy. Adds to diff_src when `accumulate`.
   virtual void batchnorm_backward_apply(const Dims& d, const float* src, const float* diff_dst,
@@ -99,7 +116,9 @@ class Backend {
                            float* dst) = 0;
 
   // Channel dropout (PyTorch dropout2d): each (sample, channel) is zeroed with probability p,
-  // kept ones are scaled by 1 / (1 - p). Sample i's mask row is a function of seeds[i] only.
+  // kept ones are scaled by 1 / (1 - p). mask is [n, c]; sample i's row is a function of
+  // seeds[i] (host) only: channel k is dropped when the k-th uniform() of Rng(seeds[i]) (0-based)
+  // is < p.
   virtual void dropout2d_forward(const Dims& d, float p, const uint64_t* seeds, const float* src,
                                  float* mask, float* dst) = 0;
   virtual void dropout2d_backward(const Dims& d, const float* mask, const float* diff_dst,
@@ -131,7 +150,7 @@ class Backend {
   // per-element losses (double); writes diff_logits = d(loss_sum)/d(logit) * grad_scale.
   virtual double bce_with_logits(int64_t count, const float* logits, const float* target,
                                  float pos_weight, float grad_scale, float* diff_logits) = 0;
-  // Adds to counts[0..2] the true positives, false positives and false negatives of
+  // Adds to counts[0..2] (host) the true positives, false positives and false negatives of
   // (logit > logit_threshold) against target (0/1).
   virtual void confusion_counts(int64_t count, const float* logits, const float* target,
                                 float logit_threshold, int64_t* counts) = 0;
@@ -143,6 +162,14 @@ class Backend {
   // PyTorch SGD: g = grad + wd*p; m = momentum*m + g; p -= lr * (nesterov ? g + momentum*m : m).
   virtual void sgd_update(int64_t count, float* param, const float* grad, float* momentum_buf,
                           float lr, float momentum, float weight_decay, bool nesterov) = 0;
+  // PyTorch AdamW step with the scalars precomputed: p *= decay; m = b1 m + (1 - b1) g;
+  // v = b2 v + (1 - b2) g^2; p -= step_size * m / (sqrt(v) / bc2_sqrt + eps).
+  virtual void adamw_update(int64_t count, float* param, const float* grad, float* exp_avg,
+                            float* exp_avg_sq, float decay, float beta1, float beta2, float eps,
+                            float step_size, float bc2_sqrt) = 0;
+  // sum of src[i]^2 in double (gradient clipping), and dst *= alpha.
+  virtual double sum_squares(int64_t count, const float* src) = 0;
+  virtual void scale(int64_t count, float alpha, float* dst) = 0;
 };
 
 // Host-side batch-norm moments from batchnorm_stats sums over `count` elements per channel:

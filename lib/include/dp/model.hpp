@@ -72,8 +72,13 @@ class Model {
   using StatReducer = std::function<void(double* sums, size_t count)>;
   void set_stat_reducer(StatReducer reducer) { stat_reducer_ = std::move(reducer); }
 
-  // input: [n,H,W,3] (kept by pointer until backward); returns logits [n,H,W,1].
+  // input: [n,H,W,3] in backend memory (kept by pointer until backward); returns logits
+  // [n,H,W,1] in backend memory.
   const float* forward(const float* input, int n);
+  // forward() from host memory to host memory, whatever the backend: the input is uploaded into
+  // a staging buffer and the logits downloaded (no copies on the CPU backend). For evaluation
+  // outside the training loop (reports, prediction); the trainer uploads batches itself.
+  const float* forward_host(const float* host_input, int n);
   // diff_logits: [n,H,W,1] for the batch of the last forward; OVERWRITES params().grads(), or
   // adds to them with GradMode::kAccumulate. `listener` (optional) hears of each parameter as soon
   // as its gradient (the sum, when accumulating) is complete.
@@ -139,8 +144,9 @@ class Model {
   StatReducer stat_reducer_;
   Buffer scratch_;        // for gradients that must be added to a partial sum
   Buffer param_scratch_;  // GradMode::kAccumulate: an op's parameter gradients before the addition
-  std::vector<double> bn_sums_;  // batch-norm sums (2 C + 1), sized once
-  std::vector<float> bn_var_;    // batch-norm biased variance (C), sized once
+  Buffer input_stage_;    // forward_host on a device backend: the input, max batch
+  std::vector<float> logits_host_;  // and the logits it returns
+  std::vector<double> bn_sums_;     // batch-norm sums (2 C + 1, host), sized once
 };
 
 // Builds a model by name (model_names()), parameters declared and the arenas allocated but not

@@ -21,29 +21,39 @@ struct ParamView {
   std::string name;            // PyTorch state_dict key, e.g. "conv1.0.weight"
   std::vector<int64_t> shape;  // PyTorch layout (OIHW for convolution weights)
   int64_t numel = 0;
-  int64_t offset = 0;  // in floats, into the arenas
-  float* value = nullptr;
-  float* grad = nullptr;
-  int64_t fan = 0;  // fan_in (kUniformFanIn) or fan_out (kKaimingNormalFanOut)
+  int64_t offset = 0;      // in floats, into the arenas
+  float* value = nullptr;  // backend memory (device memory for a device backend)
+  float* grad = nullptr;   // backend memory
+  float* host = nullptr;   // the host copy of value (== value for host arenas)
+  int64_t fan = 0;         // fan_in (kUniformFanIn) or fan_out (kKaimingNormalFanOut)
   Init init = Init::kUniformFanIn;
 };
 
 // Parameters are declared in forward order; the arena lays them out in REVERSE order so that
 // gradients finished early in the backward pass are contiguous at the start (bucketing).
 // Each tensor starts on a 64-byte boundary; the padding stays zero in every arena.
+// With a device backend the arenas are device memory and a host arena mirrors the values for
+// initialisation, checkpoints and weight files: download() before reading `host`, upload() after
+// writing it (both no-ops for host arenas).
 class ParamStore {
  public:
   // Declares a parameter; returns its index. Only before finalize().
   int add(std::string name, std::vector<int64_t> shape, int64_t fan,
           Init init = Init::kUniformFanIn);
-  // Allocates the arenas and sets the views' pointers.
-  void finalize();
+  // Allocates the arenas (in `device` memory when given) and sets the views' pointers.
+  void finalize(DeviceMemory* device = nullptr);
 
   const std::vector<ParamView>& views() const { return views_; }
   const ParamView& view(int index) const { return views_.at(static_cast<size_t>(index)); }
   const ParamView* find(const std::string& name) const;
   float* values() const { return values_.f32(); }
   float* grads() const { return grads_.f32(); }
+  float* host_values() const { return host_ != nullptr ? host_ : values_.f32(); }
+  const Buffer& value_buffer() const { return values_; }
+  const Buffer& grad_buffer() const { return grads_; }
+  bool on_device() const { return values_.device() != nullptr; }
+  void download();                                    // values -> host mirror
+  void upload();                                      // host mirror -> values
   int64_t arena_size() const { return arena_size_; }  // floats, padding included
   int64_t count() const;                              // parameters, padding excluded
   // Initialises every tensor by its Init kind (PyTorch's defaults; for Conv2d kaiming_uniform_
@@ -53,7 +63,8 @@ class ParamStore {
 
  private:
   std::vector<ParamView> views_;
-  Buffer values_, grads_;
+  Buffer values_, grads_, host_mirror_;
+  float* host_ = nullptr;
   int64_t arena_size_ = 0;
   bool finalized_ = false;
 };

@@ -1,0 +1,388 @@
+// dp::cuda::CudaBackend: the Backend on one GPU, on one non-blocking stream: cuDNN convolutions
+// (cudnn_conv.cpp), the own kernels (kernels.cu) for everything else, counted device memory, and
+// the host-side small arrays staged through pinned memory.
+#include "dp/cuda/cuda_backend.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+
+#include "cudnn_conv.hpp"
+#include "dp/cuda/device.hpp"
+#include "dp/error.hpp"
+#include "kernels.cuh"
+
+namespace dp::cuda {
+namespace {
+
+// dp::DeviceMemory on the backend's heap: zero-filled allocations, transfers ordered on the stream.
+class CountedMemory final : public DeviceMemory {
+ public:
+  explicit CountedMemory(DeviceHeap& heap) : heap_(heap) {}
+
+  void* allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    void* p = heap_.allocate(bytes, "a tensor");
+    try {
+      DP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, heap_.stream()));
+      DP_CUDA_CHECK(cudaStreamSynchronize(heap_.stream()));
+      std::lock_guard lock(mutex_);
+      sizes_.emplace(p, bytes);
+    } catch (...) {
+      heap_.free(p, bytes);
+      throw;
+    }
+    return p;
+  }
+
+  void deallocate(void* p) noexcept override {
+    if (p == nullptr) return;
+    size_t bytes = 0;
+    {
+      std::lock_guard lock(mutex_);
+      const auto it = sizes_.find(p);
+      if (it == sizes_.end()) return;  // not ours: never hand it to cudaFree
+      bytes = it->second;
+      sizes_.erase(it);
+    }
+    heap_.free(p, bytes);
+  }
+
+  // The stream is non-blocking: a plain cudaMemcpy would not wait for the work queued on it.
+  void upload(void* device_dst, const void* host_src, size_t bytes) override {
+    if (bytes == 0) return;
+    DP_CUDA_CHECK(
+        cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, heap_.stream()));
+    DP_CUDA_CHECK(cudaStreamSynchronize(heap_.stream()));
+  }
+
+  void download(void* host_dst, const void* device_src, size_t bytes) override {
+    if (bytes == 0) return;
+    DP_CUDA_CHECK(
+        cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, heap_.stream()));
+    DP_CUDA_CHECK(cudaStreamSynchronize(heap_.stream()));
+  }
+
+ private:
+  DeviceHeap& heap_;
+  std::mutex mutex_;
+  std::unordered_map<void*, size_t> sizes_;
+};
+
+// The small arrays the Backend interface keeps in host memory (batch-norm sums, seeds, counts,
+// returned scalars), moved through one pinned host buffer and a device buffer of the same size,
+// both handed out in 256-byte aligned slots from a cursor. An upload's slot stays untouched until
+// its copy has run: the cursor only wraps around after the stream has been synchronized (which
+// every download does).
+class Staging {
+ public:
+  explicit Staging(DeviceHeap& heap) : heap_(heap) {}
+  ~Staging() {
+    (void)cudaStreamSynchronize(heap_.stream());
+    if (host_ != nullptr) (void)cudaFreeHost(host_);
+    heap_.free(device_, capacity_);
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+
+  // A device copy of `bytes` of host memory, enqueued on the stream; `host` may change at once.
+  void* upload(const void* host, size_t bytes) {
+    const size_t slot = reserve(bytes);
+    std::memcpy(host_ + slot, host, bytes);
+    DP_CUDA_CHECK(cudaMemcpyAsync(device_ + slot, host_ + slot, bytes, cudaMemcpyHostToDevice,
+                                  heap_.stream()));
+    return device_ + slot;
+  }
+
+  // A device slot for results (or for inputs an op does not read); fetch() brings it back.
+  void* scratch(size_t bytes) { return device_ + reserve(bytes); }
+
+  // Copies `bytes` from a slot of this staging buffer to `host` once the queued work is done.
+  void fetch(const void* slot, void* host, size_t bytes) {
+    const size_t offset = size_t(static_cast<const char*>(slot) - device_);
+    DP_CUDA_CHECK(
+        cudaMemcpyAsync(host_ + offset, slot, bytes, cudaMemcpyDeviceToHost, heap_.stream()));
+    DP_CUDA_CHECK(cudaStreamSynchronize(heap_.stream()));
+    std::memcpy(host, host_ + offset, bytes);
+    cursor_ = 0;  // every copy has run
+  }
+
+ private:
+  static constexpr size_t kAlign = 256;
+
+  size_t reserve(size_t bytes) {
+    const size_t size = std::max<size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
+    if (cursor_ + size > capacity_) {
+      // Wrap around (or grow) once the copies from the slots handed out so far have run.
+      DP_CUDA_CHECK(cudaStreamSynchronize(heap_.stream()));
+      cursor_ = 0;
+      if (size > capacity_) grow(std::max({size, 2 * capacity_, size_t{64} << 10}));
+    }
+    const size_t slot = cursor_;
+    cursor_ += size;
+    return slot;
+  }
+
+  void grow(size_t capacity) {
+    if (host_ != nullptr) DP_CUDA_CHECK(cudaFreeHost(host_));
+    host_ = nullptr;
+    heap_.free(device_, capacity_);
+    device_ = nullptr;
+    capacity_ = 0;
+    void* host = nullptr;
+    DP_CUDA_CHECK(cudaMallocHost(&host, capacity));
+    host_ = static_cast<char*>(host);
+    device_ = static_cast<char*>(heap_.allocate(capacity, "the host-array staging buffer"));
+    capacity_ = capacity;
+  }
+
+  DeviceHeap& heap_;
+  char* host_ = nullptr;    // pinned
+  char* device_ = nullptr;  // same size
+  size_t capacity_ = 0, cursor_ = 0;
+};
+
+std::string cudnn_version() {
+  const size_t v = cudnnGetVersion();  // major * 10000 + minor * 100 + patch since cuDNN 9
+  return str_cat(v / 10000, ".", v % 10000 / 100, ".", v % 100);
+}
+
+class CudaBackendImpl final : public CudaBackend {
+ public:
+  explicit CudaBackendImpl(const BackendOptions& options)
+      : heap_(stream_.get()),
+        memory_(heap_),
+        workspace_(heap_, "the convolution workspace"),
+        conv_(cudnn_.get(), heap_, workspace_, options),
+        staging_(heap_),
+        name_(str_cat("cuda (cuDNN ", cudnn_version(), ")")) {
+    cudnn_.set_stream(stream_.get());
+  }
+
+  // Members go in reverse order, after the queued work (their memory may be in use by it).
+  ~CudaBackendImpl() override { (void)cudaStreamSynchronize(stream_.get()); }
+
+  std::string name() const override { return name_; }
+  DeviceMemory* device_memory() override { return &memory_; }
+  void synchronize() override { stream_.synchronize(); }
+  cudaStream_t stream() const override { return stream_.get(); }
+  size_t allocated_bytes() const override { return heap_.allocated(); }
+  size_t peak_bytes() const override { return heap_.peak(); }
+  size_t workspace_bytes() const override { return workspace_.bytes(); }
+
+  void conv_forward(const ConvDesc& d, const float* src, const float* weight, const float* bias,
+                    float* dst) override {
+    conv_.conv_forward(d, src, weight, bias, dst);
+  }
+  void conv_backward(const ConvDesc& d, const float* src, const float* weight, const float* dst,
+                     float* diff_dst, float* diff_src, float* diff_weight,
+                     float* diff_bias) override {
+    conv_.conv_backward(d, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias);
+  }
+  void deconv_forward(const DeconvDesc& d, const float* src, const float* weight, const float* bias,
+                      float* dst) override {
+    conv_.deconv_forward(d, src, weight, bias, dst);
+  }
+  void deconv_backward(const DeconvDesc& d, const float* src, const float* weight, const float* dst,
+                       float* diff_dst, float* diff_src, float* diff_weight,
+                       float* diff_bias) override {
+    conv_.deconv_backward(d, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias);
+  }
+
+  void batchnorm_stats(const Dims& d, const float* src, double* sums) override {
+    const size_t bytes = sizeof(double) * 2 * size_t(d.c);
+    if (d.pixels() == 0) {
+      std::fill(sums, sums + 2 * d.c, 0.0);
+      return;
+    }
+    void* dev = staging_.scratch(bytes);
+    kernels::batchnorm_stats(s(), d, src, static_cast<double*>(dev));
+    staging_.fetch(dev, sums, bytes);
+  }
+
+  void batchnorm_prepare(int channels, bool training, const double* sums, double count, float eps,
+                         float momentum, float* running_mean, float* running_var, float* mean,
+                         float* invstd) override {
+    // Evaluation reads no sums (they may be null); the kernel still gets valid memory.
+    const size_t bytes = sizeof(double) * 2 * size_t(channels);
+    void* dev = training ? staging_.upload(sums, bytes) : staging_.scratch(bytes);
+    kernels::batchnorm_prepare(s(), channels, training, static_cast<const double*>(dev), count, eps,
+                               momentum, running_mean, running_var, mean, invstd);
+  }
+
+  void batchnorm_apply(const Dims& d, const float* src, const float* mean, const float* invstd,
+                       const float* gamma, const float* beta, bool relu, float* dst) override {
+    kernels::batchnorm_apply(s(), d, src, mean, invstd, gamma, beta, relu, dst);
+  }
+
+  void batchnorm_backward_stats(const Dims& d, const float* src, const float* dst, bool relu,
+                                float* diff_dst, const float* mean, const float* invstd,
+                                double* sums, float* diff_gamma, float* diff_beta) override {
+    const size_t bytes = sizeof(double) * 2 * size_t(d.c);
+    if (d.pixels() == 0) {
+      std::fill(sums, sums + 2 * d.c, 0.0);
+      DP_CUDA_CHECK(cudaMemsetAsync(diff_gamma, 0, sizeof(float) * size_t(d.c), s()));
+      DP_CUDA_CHECK(cudaMemsetAsync(diff_beta, 0, sizeof(float) * size_t(d.c), s()));
+      return;
+    }
+    void* dev = staging_.scratch(bytes);
+    kernels::batchnorm_backward_stats(s(), d, src, dst, relu, diff_dst, mean, invstd,
+                                      static_cast<double*>(dev), diff_gamma, diff_beta);
+    staging_.fetch(dev, sums, bytes);
+  }
+
+  void batchnorm_backward_apply(const Dims& d, const float* src, const float* diff_dst,
+                                const float* mean, const float* invstd, const float* gamma,
+                                const double* sums, double count, bool training, float* diff_src,
+                                bool accumulate) override {
+    const size_t bytes = sizeof(double) * 2 * size_t(d.c);
+    void* dev = training ? staging_.upload(sums, bytes) : staging_.scratch(bytes);
+    kernels::batchnorm_backward_apply(s(), d, src, diff_dst, mean, invstd, gamma,
+                                      static_cast<const double*>(dev), count, training, diff_src,
+                                      accumulate);
+  }
+
+  void add_forward(int64_t count, const float* a, const float* b, bool relu, float* dst) override {
+    kernels::add_forward(s(), count, a, b, relu, dst);
+  }
+
+  void dropout2d_forward(const Dims& d, float p, const uint64_t* seeds, const float* src,
+                         float* mask, float* dst) override {
+    if (d.n == 0) return;
+    const void* dev = staging_.upload(seeds, sizeof(uint64_t) * size_t(d.n));
+    kernels::dropout2d_forward(s(), d, p, static_cast<const uint64_t*>(dev), src, mask, dst);
+  }
+
+  void dropout2d_backward(const Dims& d, const float* mask, const float* diff_dst,
+                          float* diff_src) override {
+    kernels::dropout2d_backward(s(), d, mask, diff_dst, diff_src);
+  }
+
+  void relu_forward(int64_t count, const float* src, float* dst) override {
+    kernels::relu_forward(s(), count, src, dst);
+  }
+
+  void relu_backward(int64_t count, const float* dst, const float* diff_dst,
+                     float* diff_src) override {
+    kernels::relu_backward(s(), count, dst, diff_dst, diff_src);
+  }
+
+  void maxpool2x2_forward(const Dims& src_dims, const float* src, float* dst,
+                          uint8_t* argmax) override {
+    DP_CHECK(src_dims.h % 2 == 0 && src_dims.w % 2 == 0, "maxpool2x2: input ", src_dims.h, "x",
+             src_dims.w, " is not even");
+    kernels::maxpool2x2_forward(s(), src_dims, src, dst, argmax);
+  }
+
+  void maxpool2x2_backward(const Dims& src_dims, const uint8_t* argmax, const float* diff_dst,
+                           float* diff_src, bool accumulate) override {
+    kernels::maxpool2x2_backward(s(), src_dims, argmax, diff_dst, diff_src, accumulate);
+  }
+
+  void upsample2x_forward(const Dims& src_dims, const float* src, float* dst) override {
+    kernels::upsample2x_forward(s(), src_dims, src, dst);
+  }
+
+  void upsample2x_backward(const Dims& src_dims, const float* diff_dst, float* diff_src) override {
+    kernels::upsample2x_backward(s(), src_dims, diff_dst, diff_src);
+  }
+
+  void concat_forward(const Dims& a_dims, const float* a, const Dims& b_dims, const float* b,
+                      float* dst) override {
+    check_concat(a_dims, b_dims);
+    kernels::concat_forward(s(), a_dims, a, b_dims, b, dst);
+  }
+
+  void concat_backward(const Dims& a_dims, const Dims& b_dims, const float* diff_dst, float* diff_a,
+                       float* diff_b) override {
+    check_concat(a_dims, b_dims);
+    kernels::concat_backward(s(), a_dims, b_dims, diff_dst, diff_a, diff_b);
+  }
+
+  double bce_with_logits(int64_t count, const float* logits, const float* target, float pos_weight,
+                         float grad_scale, float* diff_logits) override {
+    if (count == 0) return 0.0;
+    void* dev = staging_.scratch(sizeof(double));
+    kernels::bce_with_logits(s(), count, logits, target, pos_weight, grad_scale, diff_logits,
+                             static_cast<double*>(dev));
+    double loss = 0.0;
+    staging_.fetch(dev, &loss, sizeof loss);
+    return loss;
+  }
+
+  void confusion_counts(int64_t count, const float* logits, const float* target,
+                        float logit_threshold, int64_t* counts) override {
+    if (count == 0) return;
+    unsigned long long added[3] = {};
+    void* dev = staging_.scratch(sizeof added);
+    DP_CUDA_CHECK(cudaMemsetAsync(dev, 0, sizeof added, s()));
+    kernels::confusion_counts(s(), count, logits, target, logit_threshold,
+                              static_cast<unsigned long long*>(dev));
+    staging_.fetch(dev, added, sizeof added);
+    for (int i = 0; i < 3; ++i) counts[i] += static_cast<int64_t>(added[i]);
+  }
+
+  void accumulate(int64_t count, const float* src, float* dst) override {
+    kernels::accumulate(s(), count, src, dst);
+  }
+
+  void copy(int64_t count, const float* src, float* dst) override {
+    if (count == 0 || src == dst) return;
+    DP_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, sizeof(float) * size_t(count), cudaMemcpyDeviceToDevice, s()));
+  }
+
+  void sgd_update(int64_t count, float* param, const float* grad, float* momentum_buf, float lr,
+                  float momentum, float weight_decay, bool nesterov) override {
+    kernels::sgd_update(s(), count, param, grad, momentum_buf, lr, momentum, weight_decay,
+                        nesterov);
+  }
+
+  void adamw_update(int64_t count, float* param, const float* grad, float* exp_avg,
+                    float* exp_avg_sq, float decay, float beta1, float beta2, float eps,
+                    float step_size, float bc2_sqrt) override {
+    kernels::adamw_update(s(), count, param, grad, exp_avg, exp_avg_sq, decay, beta1, beta2, eps,
+                          step_size, bc2_sqrt);
+  }
+
+  double sum_squares(int64_t count, const float* src) override {
+    if (count == 0) return 0.0;
+    void* dev = staging_.scratch(sizeof(double));
+    kernels::sum_squares(s(), count, src, static_cast<double*>(dev));
+    double sum = 0.0;
+    staging_.fetch(dev, &sum, sizeof sum);
+    return sum;
+  }
+
+  void scale(int64_t count, float alpha, float* dst) override {
+    kernels::scale(s(), count, alpha, dst);
+  }
+
+ private:
+  cudaStream_t s() const { return stream_.get(); }
+
+  static void check_concat(const Dims& a, const Dims& b) {
+    DP_CHECK(a.n == b.n && a.h == b.h && a.w == b.w, "concat: shapes differ: [", a.n, ",", a.h, ",",
+             a.w, ",", a.c, "] vs [", b.n, ",", b.h, ",", b.w, ",", b.c, "]");
+  }
+
+  // Construction order matters: the heap needs the stream, the rest the heap. All on the device
+  // current at construction.
+  Stream stream_;
+  CudnnHandle cudnn_;
+  DeviceHeap heap_;
+  CountedMemory memory_;
+  Arena workspace_;
+  ConvEngine conv_;
+  Staging staging_;
+  std::string name_;
+};
+
+}  // namespace
+
+std::unique_ptr<CudaBackend> make_cuda_backend(const BackendOptions& options) {
+  return std::make_unique<CudaBackendImpl>(options);
+}
+
+}  // namespace dp::cuda

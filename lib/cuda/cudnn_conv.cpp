@@ -1,0 +1,658 @@
+// The CUDA backend's convolutions: counted device memory, the workspace arena, and cuDNN plans
+// (descriptors and the algorithms chosen once per shape with cudnnFind*AlgorithmEx).
+#include "cudnn_conv.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "dp/cuda/device.hpp"
+#include "dp/error.hpp"
+#include "dp/log.hpp"
+#include "kernels.cuh"
+
+namespace dp::cuda {
+
+// ---------------------------------------------------------------------------------------------
+// DeviceHeap, Arena
+
+DeviceHeap::DeviceHeap(cudaStream_t stream) : stream_(stream) {
+  int ordinal = 0;
+  DP_CUDA_CHECK(cudaGetDevice(&ordinal));
+  cudaDeviceProp prop{};
+  DP_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+  char bus_id[32] = {};
+  DP_CUDA_CHECK(cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, ordinal));
+  device_ = str_cat("device ", ordinal, " (", prop.name, ", ", bus_id, ")");
+}
+
+void* DeviceHeap::malloc_counted(size_t bytes, cudaError_t* status) {
+  void* p = nullptr;
+  *status = cudaMalloc(&p, bytes);
+  if (*status != cudaSuccess) {
+    (void)cudaGetLastError();  // clear a non-sticky error (out of memory) for later checks
+    return nullptr;
+  }
+  std::lock_guard lock(mutex_);
+  allocated_ += bytes;
+  peak_ = std::max(peak_, allocated_);
+  return p;
+}
+
+void* DeviceHeap::allocate(size_t bytes, const char* what) {
+  if (bytes == 0) return nullptr;
+  cudaError_t status = cudaSuccess;
+  if (void* p = malloc_counted(bytes, &status)) return p;
+  size_t free_bytes = 0, total_bytes = 0;
+  const bool have_info = cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess;
+  (void)cudaGetLastError();
+  fail("cudaMalloc of ", format_mib(double(bytes)), " for ", what, " failed on ", device_, ": ",
+       cudaGetErrorString(status), " [", cudaGetErrorName(status), "]; this backend already holds ",
+       format_mib(double(allocated())), " (peak ", format_mib(double(peak())), ")",
+       have_info ? str_cat("; the device has ", format_mib(double(free_bytes)), " free of ",
+                           format_mib(double(total_bytes)))
+                 : std::string());
+}
+
+void* DeviceHeap::try_allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  cudaError_t status = cudaSuccess;
+  if (void* p = malloc_counted(bytes, &status)) return p;
+  if (status == cudaErrorMemoryAllocation) return nullptr;
+  const std::string call = str_cat("cudaMalloc of ", format_mib(double(bytes)), " on ", device_);
+  throw_cuda_error(status, call.c_str(), __FILE__, __LINE__);
+}
+
+void DeviceHeap::free(void* p, size_t bytes) noexcept {
+  if (p == nullptr) return;
+  (void)cudaStreamSynchronize(stream_);
+  (void)cudaFree(p);
+  std::lock_guard lock(mutex_);
+  allocated_ -= std::min(allocated_, bytes);
+}
+
+size_t DeviceHeap::allocated() const {
+  std::lock_guard lock(mutex_);
+  return allocated_;
+}
+
+size_t DeviceHeap::peak() const {
+  std::lock_guard lock(mutex_);
+  return peak_;
+}
+
+void Arena::reserve(size_t bytes) {
+  if (bytes <= bytes_) return;
+  heap_.free(data_, bytes_);  // first, so that the old and the new need not fit together
+  data_ = nullptr;
+  bytes_ = 0;
+  data_ = heap_.allocate(bytes, what_);
+  bytes_ = bytes;
+}
+
+bool Arena::try_reserve(size_t bytes) {
+  if (bytes <= bytes_) return true;
+  if (void* p = heap_.try_allocate(bytes)) {
+    heap_.free(data_, bytes_);
+    data_ = p;
+    bytes_ = bytes;
+    return true;
+  }
+  const size_t old = bytes_;
+  heap_.free(data_, bytes_);
+  data_ = nullptr;
+  bytes_ = 0;
+  if (void* p = heap_.try_allocate(bytes)) {
+    data_ = p;
+    bytes_ = bytes;
+    return true;
+  }
+  data_ = heap_.allocate(old, what_);  // the size just freed fits again
+  bytes_ = old;
+  return false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Plans
+
+namespace {
+
+// Owner of one cuDNN descriptor. Not copyable or movable (plans hold them in place).
+template <typename T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
+class CudnnDescriptor {
+ public:
+  CudnnDescriptor() {
+    const cudnnStatus_t status = Create(&d_);
+    if (status != CUDNN_STATUS_SUCCESS)
+      throw_cudnn_error(status, "cudnnCreate*Descriptor", __FILE__, __LINE__);
+  }
+  ~CudnnDescriptor() {
+    if (d_ != nullptr) (void)Destroy(d_);
+  }
+  CudnnDescriptor(const CudnnDescriptor&) = delete;
+  CudnnDescriptor& operator=(const CudnnDescriptor&) = delete;
+  T get() const { return d_; }
+
+ private:
+  T d_ = nullptr;
+};
+
+using TensorDescriptor = CudnnDescriptor<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor,
+                                         cudnnDestroyTensorDescriptor>;
+using FilterDescriptor = CudnnDescriptor<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor,
+                                         cudnnDestroyFilterDescriptor>;
+using ConvolutionDescriptor =
+    CudnnDescriptor<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor,
+                    cudnnDestroyConvolutionDescriptor>;
+using ActivationDescriptor =
+    CudnnDescriptor<cudnnActivationDescriptor_t, cudnnCreateActivationDescriptor,
+                    cudnnDestroyActivationDescriptor>;
+
+enum PassKind : int { kForward = 0, kBackwardData = 1, kBackwardFilter = 2 };
+constexpr const char* kPassName[3] = {"forward", "backward-data", "backward-filter"};
+
+const float kOne = 1.0f, kZero = 0.0f;
+
+// One algorithm as cuDNN's perf structs describe it (the three differ only in the enum).
+struct Candidate {
+  int algo = 0;
+  cudnnStatus_t status = CUDNN_STATUS_NOT_SUPPORTED;
+  size_t memory = 0;
+  cudnnDeterminism_t determinism = CUDNN_NON_DETERMINISTIC;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+};
+
+template <typename Perf>
+std::vector<Candidate> candidates(const std::vector<Perf>& perf, int count) {
+  std::vector<Candidate> out;
+  for (int i = 0; i < count; ++i) {
+    const Perf& p = perf[size_t(i)];
+    out.push_back({static_cast<int>(p.algo), p.status, p.memory, p.determinism, p.mathType});
+  }
+  return out;
+}
+
+// A refusal made on the host (bad parameter, unsupported configuration, a runtime-compiled kernel
+// that is unavailable), as opposed to a kernel that failed on the device.
+bool refused(cudnnStatus_t status) {
+  return static_cast<int>(status) / 1000 * 1000 != CUDNN_STATUS_EXECUTION_FAILED;
+}
+
+std::string shape(int n, int h, int w, int c) {
+  return str_cat("[", n, ",", h, ",", w, ",", c, "]");
+}
+
+}  // namespace
+
+// One pass of a plan: its filter layout, convolution descriptor (math type of the chosen
+// algorithm) and algorithm.
+struct PassState {
+  bool ready = false;
+  bool krsc = false;  // the filter is read (or its gradient written) as an NHWC (KRSC) copy
+  int algo = 0;
+  FilterDescriptor filter;
+  ConvolutionDescriptor conv;
+};
+
+// A cross-correlation y = x * w: x NHWC [n, hx, wx, c], y NHWC [n, hy, wy, k], w [k, c, r, r]
+// (PyTorch's OIHW). A convolution is one directly; a transposed convolution is the backward-data
+// pass of the convolution that maps its output (x) to its input (y).
+struct ConvEngine::Plan {
+  std::string what;  // for messages: "conv 3x3 64->128 stride 1 pad 1 on [8,256,256,64]"
+  int n = 0, c = 0, hx = 0, wx = 0, k = 0, hy = 0, wy = 0, r = 0, stride = 1, pad = 0;
+  TensorDescriptor x, y, bias;      // bias [1, k, 1, 1]
+  TensorDescriptor w_nchw, w_nhwc;  // the filter as a plain tensor, for cudnnTransformTensor
+  ActivationDescriptor relu, identity;
+  PassState pass[3];
+  bool fuse = true;  // cudnnConvolutionBiasActivationForward has not been refused
+  std::string why;   // why the last algorithm search failed
+
+  size_t filter_bytes() const { return sizeof(float) * size_t(k) * size_t(c) * size_t(r) * r; }
+  int64_t y_pixels() const { return int64_t{n} * hy * wy; }
+  int64_t x_pixels() const { return int64_t{n} * hx * wx; }
+};
+
+namespace {
+
+// Sets the descriptors of a plan whose sizes are filled in.
+void init_plan(ConvEngine::Plan* p, const BackendOptions& options) {
+  const cudnnMathType_t math = options.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  DP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, p->n,
+                                            p->c, p->hx, p->wx));
+  DP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, p->n,
+                                            p->k, p->hy, p->wy));
+  DP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->bias.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1,
+                                            p->k, 1, 1));
+  DP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->w_nchw.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                            p->k, p->c, p->r, p->r));
+  DP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->w_nhwc.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT,
+                                            p->k, p->c, p->r, p->r));
+  DP_CUDNN_CHECK(cudnnSetActivationDescriptor(p->relu.get(), CUDNN_ACTIVATION_RELU,
+                                              CUDNN_NOT_PROPAGATE_NAN, 0.0));
+  DP_CUDNN_CHECK(cudnnSetActivationDescriptor(p->identity.get(), CUDNN_ACTIVATION_IDENTITY,
+                                              CUDNN_NOT_PROPAGATE_NAN, 0.0));
+  for (PassState& ps : p->pass) {
+    DP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(ps.filter.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
+                                              p->k, p->c, p->r, p->r));
+    DP_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(ps.conv.get(), p->pad, p->pad, p->stride,
+                                                   p->stride, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                   CUDNN_DATA_FLOAT));
+    DP_CUDNN_CHECK(cudnnSetConvolutionMathType(ps.conv.get(), math));
+  }
+  // cuDNN must agree with dp's output size (a mismatch would read or write out of bounds).
+  int n = 0, k = 0, h = 0, w = 0;
+  DP_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(p->pass[0].conv.get(), p->x.get(),
+                                                       p->pass[0].filter.get(), &n, &k, &h, &w));
+  DP_CHECK(n == p->n && k == p->k && h == p->hy && w == p->wy, "cuDNN computes the output of ",
+           p->what, " as ", shape(n, h, w, k), ", expected ", shape(p->n, p->hy, p->wy, p->k));
+}
+
+// Runs `body`; a dp::Error from it gets the plan's description appended.
+template <typename F>
+void in_context(const ConvEngine::Plan& p, F&& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    fail(e.what(), " [in ", p.what, "]");
+  }
+}
+
+}  // namespace
+
+ConvEngine::ConvEngine(cudnnHandle_t handle, DeviceHeap& heap, Arena& workspace,
+                       const BackendOptions& options)
+    : handle_(handle),
+      heap_(heap),
+      workspace_(workspace),
+      options_(options),
+      filter_copy_(heap, "the KRSC filter copy") {
+  const char* krsc = std::getenv("DP_CUDNN_KRSC_FILTERS");
+  force_krsc_ = krsc != nullptr && std::strcmp(krsc, "1") == 0;
+}
+
+ConvEngine::~ConvEngine() = default;
+
+ConvEngine::Plan& ConvEngine::conv_plan(const ConvDesc& d) {
+  const PlanKey key{d.n, d.h, d.w, d.cin, d.cout, d.kernel, d.stride, d.padding()};
+  std::unique_ptr<Plan>& slot = conv_plans_[key];
+  if (slot) return *slot;
+  DP_CHECK(d.n >= 1 && d.cin >= 1 && d.cout >= 1 && d.kernel >= 1 && d.stride >= 1 &&
+               d.out_h() >= 1 && d.out_w() >= 1,
+           "conv: kernel ", d.kernel, " stride ", d.stride, " pad ", d.padding(), " from ", d.cin,
+           " to ", d.cout, " channels does not fit a ", shape(d.n, d.h, d.w, d.cin), " input");
+  auto p = std::make_unique<Plan>();
+  p->what = str_cat("conv ", d.kernel, "x", d.kernel, " ", d.cin, "->", d.cout, " stride ",
+                    d.stride, " pad ", d.padding(), " on ", shape(d.n, d.h, d.w, d.cin));
+  p->n = d.n;
+  p->c = d.cin;
+  p->hx = d.h;
+  p->wx = d.w;
+  p->k = d.cout;
+  p->hy = d.out_h();
+  p->wy = d.out_w();
+  p->r = d.kernel;
+  p->stride = d.stride;
+  p->pad = d.padding();
+  in_context(*p, [&] { init_plan(p.get(), options_); });
+  slot = std::move(p);
+  return *slot;
+}
+
+ConvEngine::Plan& ConvEngine::deconv_plan(const DeconvDesc& d) {
+  const PlanKey key{d.n, d.h, d.w, d.cin, d.cout, d.kernel, d.stride, d.pad};
+  std::unique_ptr<Plan>& slot = deconv_plans_[key];
+  if (slot) return *slot;
+  DP_CHECK(d.n >= 1 && d.cin >= 1 && d.cout >= 1 && d.kernel >= 1 && d.stride >= 1 && d.pad >= 0 &&
+               d.out_h() >= 1 && d.out_w() >= 1,
+           "transposed conv: kernel ", d.kernel, " stride ", d.stride, " pad ", d.pad, " from ",
+           d.cin, " to ", d.cout, " channels does not fit a ", shape(d.n, d.h, d.w, d.cin),
+           " input");
+  // The convolution whose backward-data pass this is: from the deconv's output (c = cout
+  // channels) to its input (k = cin channels); PyTorch's [cin, cout, kh, kw] weight is its
+  // [k, c, r, s] filter as it stands.
+  auto p = std::make_unique<Plan>();
+  p->what = str_cat("transposed conv ", d.kernel, "x", d.kernel, " ", d.cin, "->", d.cout,
+                    " stride ", d.stride, " pad ", d.pad, " on ", shape(d.n, d.h, d.w, d.cin));
+  p->n = d.n;
+  p->c = d.cout;
+  p->hx = d.out_h();
+  p->wx = d.out_w();
+  p->k = d.cin;
+  p->hy = d.h;
+  p->wy = d.w;
+  p->r = d.kernel;
+  p->stride = d.stride;
+  p->pad = d.pad;
+  in_context(*p, [&] { init_plan(p.get(), options_); });
+  slot = std::move(p);
+  return *slot;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Algorithm choice
+
+namespace {
+
+cudnnStatus_t heuristics(cudnnHandle_t h, const ConvEngine::Plan& p, const PassState& ps, int pass,
+                         std::vector<Candidate>* out) {
+  int max_count = 0, count = 0;
+  cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
+  if (pass == kForward) {
+    DP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(size_t(std::max(max_count, 1)));
+    status =
+        cudnnGetConvolutionForwardAlgorithm_v7(h, p.x.get(), ps.filter.get(), ps.conv.get(),
+                                               p.y.get(), int(perf.size()), &count, perf.data());
+    if (status == CUDNN_STATUS_SUCCESS) *out = candidates(perf, count);
+  } else if (pass == kBackwardData) {
+    DP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(size_t(std::max(max_count, 1)));
+    status = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, ps.filter.get(), p.y.get(),
+                                                         ps.conv.get(), p.x.get(), int(perf.size()),
+                                                         &count, perf.data());
+    if (status == CUDNN_STATUS_SUCCESS) *out = candidates(perf, count);
+  } else {
+    DP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(size_t(std::max(max_count, 1)));
+    status = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x.get(), p.y.get(), ps.conv.get(),
+                                                           ps.filter.get(), int(perf.size()),
+                                                           &count, perf.data());
+    if (status == CUDNN_STATUS_SUCCESS) *out = candidates(perf, count);
+  }
+  return status;
+}
+
+// Times the algorithms on the call's buffers (x, w, y; the pass's output among them is
+// overwritten), fastest first.
+cudnnStatus_t find(cudnnHandle_t h, const ConvEngine::Plan& p, const PassState& ps, int pass,
+                   const void* x, const void* w, const void* y, void* ws, size_t ws_bytes,
+                   std::vector<Candidate>* out) {
+  int max_count = 0, count = 0;
+  cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
+  if (pass == kForward) {
+    DP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
+    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(size_t(std::max(max_count, 1)));
+    status = cudnnFindConvolutionForwardAlgorithmEx(
+        h, p.x.get(), x, ps.filter.get(), w, ps.conv.get(), p.y.get(), const_cast<void*>(y),
+        int(perf.size()), &count, perf.data(), ws, ws_bytes);
+    if (status == CUDNN_STATUS_SUCCESS) *out = candidates(perf, count);
+  } else if (pass == kBackwardData) {
+    DP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
+    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(size_t(std::max(max_count, 1)));
+    status = cudnnFindConvolutionBackwardDataAlgorithmEx(
+        h, ps.filter.get(), w, p.y.get(), y, ps.conv.get(), p.x.get(), const_cast<void*>(x),
+        int(perf.size()), &count, perf.data(), ws, ws_bytes);
+    if (status == CUDNN_STATUS_SUCCESS) *out = candidates(perf, count);
+  } else {
+    DP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
+    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(size_t(std::max(max_count, 1)));
+    status = cudnnFindConvolutionBackwardFilterAlgorithmEx(
+        h, p.x.get(), x, p.y.get(), y, ps.conv.get(), ps.filter.get(), const_cast<void*>(w),
+        int(perf.size()), &count, perf.data(), ws, ws_bytes);
+    if (status == CUDNN_STATUS_SUCCESS) *out = candidates(perf, count);
+  }
+  return status;
+}
+
+cudnnStatus_t workspace_size(cudnnHandle_t h, const ConvEngine::Plan& p, const PassState& ps,
+                             int pass, int algo, size_t* bytes) {
+  if (pass == kForward)
+    return cudnnGetConvolutionForwardWorkspaceSize(
+        h, p.x.get(), ps.filter.get(), ps.conv.get(), p.y.get(),
+        static_cast<cudnnConvolutionFwdAlgo_t>(algo), bytes);
+  if (pass == kBackwardData)
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(
+        h, ps.filter.get(), p.y.get(), ps.conv.get(), p.x.get(),
+        static_cast<cudnnConvolutionBwdDataAlgo_t>(algo), bytes);
+  return cudnnGetConvolutionBackwardFilterWorkspaceSize(
+      h, p.x.get(), p.y.get(), ps.conv.get(), ps.filter.get(),
+      static_cast<cudnnConvolutionBwdFilterAlgo_t>(algo), bytes);
+}
+
+}  // namespace
+
+void ConvEngine::ensure(Plan& p, int pass, const void* x, const void* w, const void* y) {
+  if (p.pass[pass].ready) return;
+  std::string why_nchw;
+  if (!force_krsc_) {
+    if (choose(p, pass, false, x, w, y)) return;
+    why_nchw = p.why;
+  }
+  if (choose(p, pass, true, x, w, y)) return;
+  fail("cuDNN offers no usable ", kPassName[pass], " algorithm for ", p.what, " (fp32 NHWC",
+       options_.deterministic ? ", deterministic only" : "", options_.tf32 ? "" : ", no TF32",
+       ", workspace at most ", format_mib(double(options_.max_workspace_bytes)),
+       "): ", force_krsc_ ? "" : str_cat("with the NCHW filter: ", why_nchw, "; "),
+       "with the KRSC filter: ", p.why);
+}
+
+bool ConvEngine::choose(Plan& p, int pass, bool krsc, const void* x, const void* w, const void* y) {
+  PassState& ps = p.pass[pass];
+  const cudnnMathType_t base_math = options_.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+  DP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(ps.filter.get(), CUDNN_DATA_FLOAT,
+                                            krsc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, p.k, p.c,
+                                            p.r, p.r));
+  DP_CUDNN_CHECK(cudnnSetConvolutionMathType(ps.conv.get(), base_math));
+
+  const auto usable = [&](const Candidate& c) {
+    return c.status == CUDNN_STATUS_SUCCESS &&
+           (!options_.deterministic || c.determinism == CUDNN_DETERMINISTIC) &&
+           c.math != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&  // may round to half precision
+           (options_.tf32 || c.math != CUDNN_TENSOR_OP_MATH) &&
+           c.memory <= options_.max_workspace_bytes;
+  };
+
+  // The heuristics say which algorithms apply and how much workspace they may need.
+  std::vector<Candidate> hints;
+  const cudnnStatus_t hint_status = heuristics(handle_, p, ps, pass, &hints);
+  if (hint_status != CUDNN_STATUS_SUCCESS) {
+    p.why = str_cat("the heuristics failed: ", cudnnGetErrorString(hint_status));
+    return false;
+  }
+  size_t search_bytes = 0;
+  bool any = false;
+  for (const Candidate& c : hints) {
+    if (!usable(c)) continue;
+    any = true;
+    size_t need = 0;
+    DP_CUDNN_CHECK(cudnnSetConvolutionMathType(ps.conv.get(), options_.tf32 ? c.math : base_math));
+    if (workspace_size(handle_, p, ps, pass, c.algo, &need) != CUDNN_STATUS_SUCCESS) need = 0;
+    need = std::max(need, c.memory);
+    if (need <= options_.max_workspace_bytes) search_bytes = std::max(search_bytes, need);
+  }
+  DP_CUDNN_CHECK(cudnnSetConvolutionMathType(ps.conv.get(), base_math));
+  if (!any) {
+    p.why = "the heuristics list no supported algorithm";
+    return false;
+  }
+
+  // Time them with as much of that workspace as the device can spare for the search (a scratch
+  // allocation freed right after, or the arena when it is large enough already).
+  void* temp = nullptr;
+  size_t temp_bytes = 0;
+  for (size_t b = search_bytes; b > workspace_.bytes(); b /= 2) {
+    if ((temp = heap_.try_allocate(b)) != nullptr) {
+      temp_bytes = b;
+      break;
+    }
+  }
+  std::vector<Candidate> found;
+  cudnnStatus_t find_status = CUDNN_STATUS_SUCCESS;
+  try {
+    find_status = find(handle_, p, ps, pass, x, w, y, temp ? temp : workspace_.data(),
+                       temp ? temp_bytes : workspace_.bytes(), &found);
+  } catch (...) {
+    heap_.free(temp, temp_bytes);
+    throw;
+  }
+  heap_.free(temp, temp_bytes);
+  std::vector<Candidate> ranked;
+  if (find_status != CUDNN_STATUS_SUCCESS) {
+    // Unsupported layouts may fail as a whole; the KRSC filter is the supported configuration,
+    // where the heuristics' order stands in for the timing.
+    if (!krsc) {
+      p.why = str_cat("the search failed: ", cudnnGetErrorString(find_status));
+      return false;
+    }
+    ranked = hints;
+  } else if (options_.deterministic) {
+    // Run-to-run reproducible: the heuristics' order (fixed for a shape, GPU and cuDNN), not the
+    // timings, among the algorithms that ran in the search.
+    for (const Candidate& h : hints) {
+      const bool ran = std::any_of(found.begin(), found.end(), [&](const Candidate& c) {
+        return c.algo == h.algo && c.status == CUDNN_STATUS_SUCCESS;
+      });
+      if (ran) ranked.push_back(h);
+    }
+  } else {
+    ranked = found;
+  }
+
+  // The first usable algorithm whose workspace the arena can grow to.
+  bool out_of_memory = false;
+  for (const Candidate& c : ranked) {
+    if (!usable(c)) continue;
+    DP_CUDNN_CHECK(cudnnSetConvolutionMathType(ps.conv.get(), options_.tf32 ? c.math : base_math));
+    size_t need = 0;
+    if (workspace_size(handle_, p, ps, pass, c.algo, &need) != CUDNN_STATUS_SUCCESS) continue;
+    need = std::max(need, c.memory);
+    if (need > options_.max_workspace_bytes) continue;
+    if (!workspace_.try_reserve(need)) {
+      out_of_memory = true;
+      continue;
+    }
+    ps.algo = c.algo;
+    ps.krsc = krsc;
+    ps.ready = true;
+    return true;
+  }
+  DP_CUDNN_CHECK(cudnnSetConvolutionMathType(ps.conv.get(), base_math));
+  p.why = out_of_memory ? str_cat("the workspace of the supported algorithms does not fit in ",
+                                  heap_.device(), " next to the ",
+                                  format_mib(double(heap_.allocated())), " held")
+                        : std::string("no algorithm that ran in the search is usable");
+  return false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Passes
+
+const void* ConvEngine::filter_for(Plan& p, int pass, const float* w) {
+  if (!p.pass[pass].krsc) return w;
+  filter_copy_.reserve(p.filter_bytes());
+  DP_CUDNN_CHECK(cudnnTransformTensor(handle_, &kOne, p.w_nchw.get(), w, &kZero, p.w_nhwc.get(),
+                                      filter_copy_.data()));
+  return filter_copy_.data();
+}
+
+void ConvEngine::forward(Plan& p, const float* x, const float* w, float* y, const float* bias,
+                         bool relu) {
+  ensure(p, kForward, x, w, y);
+  const PassState& ps = p.pass[kForward];
+  const void* filter = filter_for(p, kForward, w);
+  const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(ps.algo);
+  // cuDNN's fused call, where it allows it: with the identity activation only for
+  // IMPLICIT_PRECOMP_GEMM. A refusal falls back to the plain convolution for good.
+  if (bias != nullptr && p.fuse &&
+      (relu || algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)) {
+    const cudnnStatus_t status = cudnnConvolutionBiasActivationForward(
+        handle_, &kOne, p.x.get(), x, ps.filter.get(), filter, ps.conv.get(), algo,
+        workspace_.data(), workspace_.bytes(), &kZero, p.y.get(), y, p.bias.get(), bias,
+        relu ? p.relu.get() : p.identity.get(), p.y.get(), y);
+    if (status == CUDNN_STATUS_SUCCESS) return;
+    if (!refused(status))
+      throw_cudnn_error(status, "cudnnConvolutionBiasActivationForward", __FILE__, __LINE__);
+    p.fuse = false;
+  }
+  DP_CUDNN_CHECK(cudnnConvolutionForward(handle_, &kOne, p.x.get(), x, ps.filter.get(), filter,
+                                         ps.conv.get(), algo, workspace_.data(), workspace_.bytes(),
+                                         &kZero, p.y.get(), y));
+  if (bias != nullptr)
+    kernels::bias_relu(heap_.stream(), p.y_pixels(), p.k, bias, relu, y);
+  else if (relu)
+    kernels::relu_forward(heap_.stream(), p.y_pixels() * p.k, y, y);
+}
+
+void ConvEngine::backward_data(Plan& p, const float* w, const float* dy, float* dx) {
+  ensure(p, kBackwardData, dx, w, dy);
+  const PassState& ps = p.pass[kBackwardData];
+  const void* filter = filter_for(p, kBackwardData, w);
+  DP_CUDNN_CHECK(cudnnConvolutionBackwardData(
+      handle_, &kOne, ps.filter.get(), filter, p.y.get(), dy, ps.conv.get(),
+      static_cast<cudnnConvolutionBwdDataAlgo_t>(ps.algo), workspace_.data(), workspace_.bytes(),
+      &kZero, p.x.get(), dx));
+}
+
+void ConvEngine::backward_filter(Plan& p, const float* x, const float* dy, float* dw) {
+  ensure(p, kBackwardFilter, x, dw, dy);
+  const PassState& ps = p.pass[kBackwardFilter];
+  void* out = dw;
+  if (ps.krsc) {
+    filter_copy_.reserve(p.filter_bytes());
+    out = filter_copy_.data();
+  }
+  DP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+      handle_, &kOne, p.x.get(), x, p.y.get(), dy, ps.conv.get(),
+      static_cast<cudnnConvolutionBwdFilterAlgo_t>(ps.algo), workspace_.data(), workspace_.bytes(),
+      &kZero, ps.filter.get(), out));
+  if (ps.krsc)
+    DP_CUDNN_CHECK(
+        cudnnTransformTensor(handle_, &kOne, p.w_nhwc.get(), out, &kZero, p.w_nchw.get(), dw));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Backend operations
+
+void ConvEngine::conv_forward(const ConvDesc& d, const float* src, const float* weight,
+                              const float* bias, float* dst) {
+  DP_CHECK(!d.bias || bias != nullptr,
+           "conv_forward: the convolution has a bias but none is given");
+  Plan& p = conv_plan(d);
+  in_context(p, [&] { forward(p, src, weight, dst, d.bias ? bias : nullptr, d.relu); });
+}
+
+void ConvEngine::conv_backward(const ConvDesc& d, const float* src, const float* weight,
+                               const float* dst, float* diff_dst, float* diff_src,
+                               float* diff_weight, float* diff_bias) {
+  DP_CHECK(!d.bias || diff_bias != nullptr,
+           "conv_backward: the convolution has a bias but no bias gradient is given");
+  Plan& p = conv_plan(d);
+  in_context(p, [&] {
+    const cudaStream_t s = heap_.stream();
+    if (d.relu) kernels::relu_backward(s, p.y_pixels() * p.k, dst, diff_dst, diff_dst);
+    if (d.bias) kernels::bias_backward(s, p.y_pixels(), p.k, diff_dst, diff_bias);
+    if (diff_weight != nullptr) backward_filter(p, src, diff_dst, diff_weight);
+    if (diff_src != nullptr) backward_data(p, weight, diff_dst, diff_src);
+  });
+}
+
+void ConvEngine::deconv_forward(const DeconvDesc& d, const float* src, const float* weight,
+                                const float* bias, float* dst) {
+  Plan& p = deconv_plan(d);
+  in_context(p, [&] {
+    backward_data(p, weight, src, dst);
+    const cudaStream_t s = heap_.stream();
+    if (bias != nullptr)
+      kernels::bias_relu(s, p.x_pixels(), p.c, bias, d.relu, dst);
+    else if (d.relu)
+      kernels::relu_forward(s, p.x_pixels() * p.c, dst, dst);
+  });
+}
+
+void ConvEngine::deconv_backward(const DeconvDesc& d, const float* src, const float* weight,
+                                 const float* dst, float* diff_dst, float* diff_src,
+                                 float* diff_weight, float* diff_bias) {
+  Plan& p = deconv_plan(d);
+  in_context(p, [&] {
+    const cudaStream_t s = heap_.stream();
+    if (d.relu) kernels::relu_backward(s, p.x_pixels() * p.c, dst, diff_dst, diff_dst);
+    if (diff_bias != nullptr) kernels::bias_backward(s, p.x_pixels(), p.c, diff_dst, diff_bias);
+    // dW[cin, cout] = sum src[cin] * diff_dst[cout]: the convolution's filter gradient with its
+    // input x = diff_dst and its output gradient dy = src.
+    if (diff_weight != nullptr) backward_filter(p, diff_dst, src, diff_weight);
+    if (diff_src != nullptr) forward(p, diff_dst, weight, diff_src, nullptr, false);
+  });
+}
+
+}  // namespace dp::cuda

@@ -1,0 +1,749 @@
+// The CUDA backend's own kernels: every op that is not a cuDNN call, as lib/cpu/cpu_backend.cpp.
+#include <cstdint>
+
+#include "dp/cuda/device.hpp"
+#include "kernels.cuh"
+#include "launch.cuh"
+
+// Notes for every kernel here:
+// - 1-D element-wise kernels use grid-stride loops over int64 indices.
+// - Per-channel NHWC kernels use detail::channel_grid: each thread owns one channel (its
+//   per-channel constants load once into registers) and strides over pixels.
+// - Spatial kernels (max-pool, upsample, dropout) decompose pixel indices with 32-bit integer
+//   division when the pixel count allows (64-bit division is a long emulated sequence on GPUs).
+// - Reductions accumulate per thread, reduce per block (warp shuffles or shared memory) and end
+//   with one atomicAdd per block and output value into a zeroed result: the order of the
+//   floating-point additions, hence the last bits of a sum, can change from run to run.
+// - nvcc contracts a * b + c into FMAs (its default -fmad=true), so element-wise results may
+//   differ from the CPU backend's in the last bit; batchnorm_prepare avoids contraction on purpose
+//   (its running statistics match the CPU's bit for bit where the CPU build does not contract
+//   either, as on x86-64 without -march).
+namespace dp::cuda::kernels {
+
+namespace {
+
+using detail::blocks_for;
+using detail::channel_grid;
+using detail::kBlockSize;
+using detail::kMaxBlocks;
+using detail::kReduceBlocks;
+
+constexpr unsigned kWarp = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Grid-stride loop over [0, n).
+#define DP_GRID_STRIDE(i, n)                                                \
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < (n); \
+       i += int64_t{gridDim.x} * blockDim.x)
+
+// Grid-stride loop over the pixels [0, n) of a channel_grid launch (index type I).
+#define DP_PIXEL_STRIDE(I, p, n) \
+  for (I p = I(blockIdx.y) * blockDim.y + threadIdx.y; p < (n); p += I(gridDim.y) * blockDim.y)
+
+// Runs f(I{}) with I = uint32_t when every index below `n` fits (with room for a grid stride),
+// else with I = uint64_t.
+template <typename F>
+void with_index_type(int64_t n, F&& f) {
+  if (n <= INT32_MAX)
+    f(uint32_t{});
+  else
+    f(uint64_t{});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block reductions.
+
+// Sum of v over the block (blockDim.x == kBlockSize, 1-D); the result is valid in thread 0.
+// Every thread must call it; it may be called repeatedly (it synchronises before returning).
+template <typename T>
+__device__ T block_sum(T v) {
+  __shared__ T warp_sums[kBlockSize / kWarp];
+  for (unsigned o = kWarp / 2; o > 0; o /= 2) v += __shfl_down_sync(kFullMask, v, o);
+  const unsigned lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < blockDim.x / kWarp ? warp_sums[lane] : T(0);
+    for (unsigned o = kWarp / 2; o > 0; o /= 2) v += __shfl_down_sync(kFullMask, v, o);
+  }
+  __syncthreads();
+  return v;
+}
+
+// Per-channel reduction of a channel_grid block: acc[v] of every thread (channel k) summed over
+// threadIdx.y, then out[v * c + k] += that sum (one atomic per block, channel and value).
+// Every thread must call it, including those with k >= c (their acc is zero).
+template <typename T, int V>
+__device__ void channel_block_sum(const T (&acc)[V], T* out, int c, int k) {
+  __shared__ T smem[V][kBlockSize];
+  const unsigned t = threadIdx.y * blockDim.x + threadIdx.x;
+#pragma unroll
+  for (int v = 0; v < V; ++v) smem[v][t] = acc[v];
+  __syncthreads();
+  for (unsigned half = blockDim.y / 2; half > 0; half /= 2) {
+    if (threadIdx.y < half) {
+#pragma unroll
+      for (int v = 0; v < V; ++v) smem[v][t] += smem[v][t + half * blockDim.x];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && k < c) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) atomicAdd(out + int64_t{v} * c + k, smem[v][threadIdx.x]);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Element-wise kernels.
+
+__global__ void add_kernel(int64_t n, const float* a, const float* b, bool relu, float* dst) {
+  DP_GRID_STRIDE(i, n) {
+    const float v = a[i] + b[i];
+    dst[i] = relu ? fmaxf(v, 0.0f) : v;
+  }
+}
+
+__global__ void relu_kernel(int64_t n, const float* src, float* dst) {
+  DP_GRID_STRIDE(i, n) {
+    const float v = src[i];
+    dst[i] = v > 0.0f ? v : 0.0f;
+  }
+}
+
+__global__ void relu_backward_kernel(int64_t n, const float* dst, const float* diff_dst,
+                                     float* diff_src) {
+  DP_GRID_STRIDE(i, n) diff_src[i] = dst[i] > 0.0f ? diff_dst[i] : 0.0f;
+}
+
+__global__ void accumulate_kernel(int64_t n, const float* src, float* dst) {
+  DP_GRID_STRIDE(i, n) dst[i] += src[i];
+}
+
+__global__ void scale_kernel(int64_t n, float alpha, float* dst) {
+  DP_GRID_STRIDE(i, n) dst[i] *= alpha;
+}
+
+__global__ void sum_squares_kernel(int64_t n, const float* src, double* result) {
+  double sum = 0.0;
+  DP_GRID_STRIDE(i, n) {
+    const double v = src[i];
+    sum += v * v;
+  }
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) atomicAdd(result, sum);
+}
+
+__global__ void bias_relu_kernel(int64_t pixels, int c, const float* bias, bool relu, float* dst) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= c) return;
+  const float b = bias[k];
+  DP_PIXEL_STRIDE(int64_t, p, pixels) {
+    float* y = dst + p * c + k;
+    const float v = *y + b;
+    *y = relu ? fmaxf(v, 0.0f) : v;
+  }
+}
+
+__global__ void bias_backward_kernel(int64_t pixels, int c, const float* diff_dst,
+                                     float* diff_bias) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  float acc[1] = {0.0f};
+  if (k < c) {
+    DP_PIXEL_STRIDE(int64_t, p, pixels) acc[0] += diff_dst[p * c + k];
+  }
+  channel_block_sum(acc, diff_bias, c, k);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Batch norm.
+
+__global__ void batchnorm_stats_kernel(int64_t pixels, int c, const float* src, double* sums) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  double acc[2] = {0.0, 0.0};
+  if (k < c) {
+    DP_PIXEL_STRIDE(int64_t, p, pixels) {
+      const double x = src[p * c + k];
+      acc[0] += x;
+      acc[1] += x * x;
+    }
+  }
+  channel_block_sum(acc, sums, c, k);
+}
+
+// The double arithmetic of dp::batchnorm_moments and the float arithmetic of the CPU backend's
+// running-statistics update, with explicit roundings (no FMA contraction) so that the results
+// are the CPU's bit for bit.
+__global__ void batchnorm_prepare_kernel(int64_t c, bool training, const double* sums, double count,
+                                         float eps, float momentum, float unbias,
+                                         float* running_mean, float* running_var, float* mean,
+                                         float* invstd) {
+  DP_GRID_STRIDE(k, c) {
+    if (!training) {
+      mean[k] = running_mean[k];
+      invstd[k] = 1.0f / sqrtf(__fadd_rn(running_var[k], eps));
+      continue;
+    }
+    const double m = __ddiv_rn(sums[k], count);
+    const double v = fmax(0.0, __dsub_rn(__ddiv_rn(sums[c + k], count), __dmul_rn(m, m)));
+    const float mean_f = static_cast<float>(m), var_f = static_cast<float>(v);
+    mean[k] = mean_f;
+    invstd[k] = static_cast<float>(1.0 / sqrt(__dadd_rn(v, static_cast<double>(eps))));
+    const float keep = 1.0f - momentum;
+    running_mean[k] = __fadd_rn(__fmul_rn(keep, running_mean[k]), __fmul_rn(momentum, mean_f));
+    running_var[k] =
+        __fadd_rn(__fmul_rn(keep, running_var[k]), __fmul_rn(__fmul_rn(momentum, var_f), unbias));
+  }
+}
+
+__global__ void batchnorm_apply_kernel(int64_t pixels, int c, const float* src, const float* mean,
+                                       const float* invstd, const float* gamma, const float* beta,
+                                       bool relu, float* dst) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= c) return;
+  const float m = mean[k], is = invstd[k], g = gamma[k], b = beta[k];
+  DP_PIXEL_STRIDE(int64_t, p, pixels) {
+    const int64_t i = p * c + k;
+    const float v = g * (src[i] - m) * is + b;
+    dst[i] = relu ? fmaxf(v, 0.0f) : v;
+  }
+}
+
+__global__ void batchnorm_backward_stats_kernel(int64_t pixels, int c, const float* src,
+                                                const float* dst, bool relu, float* diff_dst,
+                                                const float* mean, const float* invstd,
+                                                double* sums) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  double acc[2] = {0.0, 0.0};
+  if (k < c) {
+    const float m = mean[k];
+    const double is = invstd[k];
+    DP_PIXEL_STRIDE(int64_t, p, pixels) {
+      const int64_t i = p * c + k;
+      float dy = diff_dst[i];
+      if (relu) {
+        if (!(dst[i] > 0.0f)) dy = 0.0f;
+        diff_dst[i] = dy;
+      }
+      acc[0] += dy;
+      acc[1] += static_cast<double>(dy) * static_cast<double>(src[i] - m) * is;
+    }
+  }
+  channel_block_sum(acc, sums, c, k);
+}
+
+__global__ void batchnorm_param_grads_kernel(int64_t c, const double* sums, float* diff_gamma,
+                                             float* diff_beta) {
+  DP_GRID_STRIDE(k, c) {
+    diff_gamma[k] = static_cast<float>(sums[c + k]);
+    diff_beta[k] = static_cast<float>(sums[k]);
+  }
+}
+
+__global__ void batchnorm_backward_apply_kernel(int64_t pixels, int c, const float* src,
+                                                const float* diff_dst, const float* mean,
+                                                const float* invstd, const float* gamma,
+                                                const double* sums, double count, bool training,
+                                                float* diff_src, bool accumulate) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= c) return;
+  const float m = mean[k], is = invstd[k];
+  const float g_is = gamma[k] * is;
+  const float mean_dy = training ? static_cast<float>(sums[k] / count) : 0.0f;
+  const float mean_dy_xhat = training ? static_cast<float>(sums[c + k] / count) : 0.0f;
+  DP_PIXEL_STRIDE(int64_t, p, pixels) {
+    const int64_t i = p * c + k;
+    const float xhat = (src[i] - m) * is;
+    const float v = g_is * (diff_dst[i] - mean_dy - xhat * mean_dy_xhat);
+    diff_src[i] = accumulate ? diff_src[i] + v : v;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dropout2d.
+
+// Must equal dp::mix64 (lib/include/dp/rng.hpp): the masks are bit-identical to the host's.
+__device__ __forceinline__ uint64_t mix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// mask[s * c + k]: the k-th (0-based) uniform() of dp::Rng(seeds[s]), i.e. of the draw with
+// state seeds[s] + k: next() = mix64(state * 0x9E3779B97F4A7C15 + 1), uniform() = (next() >> 40)
+// * 2^-24.
+__global__ void dropout_mask_kernel(int64_t rows, int c, float p, float keep_scale,
+                                    const uint64_t* seeds, float* mask) {
+  DP_GRID_STRIDE(i, rows * c) {
+    const int64_t s = i / c, k = i % c;
+    const uint64_t state = seeds[s] + static_cast<uint64_t>(k);
+    const uint64_t bits = mix64(state * 0x9E3779B97F4A7C15ull + 1);
+    const float u = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);
+    mask[i] = u < p ? 0.0f : keep_scale;
+  }
+}
+
+// dst[p, k] = src[p, k] * mask[p / hw, k].
+template <typename I>
+__global__ void channel_mask_kernel(I pixels, int c, I hw, const float* mask, const float* src,
+                                    float* dst) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= c) return;
+  DP_PIXEL_STRIDE(I, p, pixels) {
+    const int64_t i = static_cast<int64_t>(p) * c + k;
+    dst[i] = src[i] * mask[static_cast<int64_t>(p / hw) * c + k];
+  }
+}
+
+void apply_channel_mask(cudaStream_t s, const Shape& d, const float* mask, const float* src,
+                        float* dst) {
+  const int64_t pixels = d.pixels();
+  if (pixels == 0 || d.c == 0) return;
+  const auto cg = channel_grid(pixels, d.c, kMaxBlocks);
+  with_index_type(pixels, [&](auto tag) {
+    using I = decltype(tag);
+    channel_mask_kernel<I><<<cg.grid, cg.block, 0, s>>>(
+        static_cast<I>(pixels), d.c, static_cast<I>(int64_t{d.h} * d.w), mask, src, dst);
+  });
+  DP_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Max-pool 2x2 / 2.
+
+// Over dst pixels q = (n * oh + oy) * ow + ox; the top-left source pixel is (2 r) * w + 2 ox with
+// r = q / ow (since h = 2 oh).
+template <typename I>
+__global__ void maxpool_forward_kernel(I dst_pixels, int c, I w, I ow, const float* src, float* dst,
+                                       uint8_t* argmax) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= c) return;
+  const int64_t row = static_cast<int64_t>(w) * c;
+  DP_PIXEL_STRIDE(I, q, dst_pixels) {
+    const I r = q / ow, ox = q - r * ow;
+    const float* p00 = src + static_cast<int64_t>(2 * r * w + 2 * ox) * c + k;
+    // First maximum in scan order wins, as in PyTorch (and the CPU backend).
+    float best = p00[0];
+    uint8_t which = 0;
+    const float v01 = p00[c], v10 = p00[row], v11 = p00[row + c];
+    if (v01 > best) best = v01, which = 1;
+    if (v10 > best) best = v10, which = 2;
+    if (v11 > best) best = v11, which = 3;
+    const int64_t o = static_cast<int64_t>(q) * c + k;
+    dst[o] = best;
+    argmax[o] = which;
+  }
+}
+
+// A gather over src pixels sp = (n * h + y) * w + x: each reads its one dst element.
+template <typename I>
+__global__ void maxpool_backward_kernel(I src_pixels, int c, I w, I ow, const uint8_t* argmax,
+                                        const float* diff_dst, float* diff_src, bool accumulate) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= c) return;
+  DP_PIXEL_STRIDE(I, sp, src_pixels) {
+    const I yrow = sp / w, x = sp - yrow * w;  // yrow = n * h + y; h even: y % 2 == yrow % 2
+    const int64_t o = static_cast<int64_t>(yrow / 2 * ow + x / 2) * c + k;
+    const unsigned j = static_cast<unsigned>((yrow & 1) * 2 + (x & 1));
+    const float v = argmax[o] == j ? diff_dst[o] : 0.0f;
+    const int64_t i = static_cast<int64_t>(sp) * c + k;
+    diff_src[i] = accumulate ? diff_src[i] + v : v;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bilinear x2 upsample, align_corners=False (the CPU backend's upsample_tap / upsample_gather).
+
+struct Tap {
+  int i0, i1;
+  float w0, w1;
+};
+
+// Output coordinate o reads inputs i0, i1 with weights w0, w1 (in = input size).
+__device__ __forceinline__ Tap upsample_tap(int o, int in) {
+  const int k = o / 2;
+  if (o % 2 == 0) return k == 0 ? Tap{0, 0, 1.0f, 0.0f} : Tap{k - 1, k, 0.25f, 0.75f};
+  return k == in - 1 ? Tap{k, k, 1.0f, 0.0f} : Tap{k, k + 1, 0.75f, 0.25f};
+}
+
+// The outputs that read input i are 2i-1 .. 2i+2 clipped to [0, 2 in - 1] (the CPU backend's
+// upsample_gather); gather_weight is the weight of input i in output o (0 when it takes none).
+__device__ __forceinline__ int gather_first(int i) {
+  return 2 * i - 1 > 0 ? 2 * i - 1 : 0;
+}
+__device__ __forceinline__ int gather_last(int i, int in) {
+  return 2 * in - 1 < 2 * i + 2 ? 2 * in - 1 : 2 * i + 2;
+}
+__device__ __forceinline__ float gather_weight(int o, int i, int in) {
+  const Tap t = upsample_tap(o, in);
+  return (t.i0 == i ? t.w0 : 0.0f) + (t.i1 == i ? t.w1 : 0.0f);
+}
+
+// Over dst pixels q = (n * oh + oy) * ow + ox of the [n, 2h, 2w, c] output.
+template <typename I>
+__global__ void upsample_forward_kernel(I dst_pixels, int c, int h, int w, const float* src,
+                                        float* dst) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= c) return;
+  const I oh = 2 * static_cast<I>(h), ow = 2 * static_cast<I>(w);
+  DP_PIXEL_STRIDE(I, q, dst_pixels) {
+    const I r = q / ow, n = r / oh;
+    const Tap ty = upsample_tap(static_cast<int>(r - n * oh), h);
+    const Tap tx = upsample_tap(static_cast<int>(q - r * ow), w);
+    const int64_t row0 = (static_cast<int64_t>(n) * h + ty.i0) * w;
+    const int64_t row1 = (static_cast<int64_t>(n) * h + ty.i1) * w;
+    const float a = src[(row0 + tx.i0) * c + k], b = src[(row0 + tx.i1) * c + k];
+    const float d = src[(row1 + tx.i0) * c + k], e = src[(row1 + tx.i1) * c + k];
+    dst[static_cast<int64_t>(q) * c + k] =
+        ty.w0 * (tx.w0 * a + tx.w1 * b) + ty.w1 * (tx.w0 * d + tx.w1 * e);
+  }
+}
+
+// The transpose as a gather over src pixels sp = (n * h + iy) * w + ix: each input gradient sums
+// its (at most 4 x 4) contributions in the CPU backend's order. Overwrites diff_src.
+template <typename I>
+__global__ void upsample_backward_kernel(I src_pixels, int c, int h, int w, const float* diff_dst,
+                                         float* diff_src) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= c) return;
+  const I hh = static_cast<I>(h), ww = static_cast<I>(w);
+  const int64_t ow = 2 * int64_t{w};
+  DP_PIXEL_STRIDE(I, sp, src_pixels) {
+    const I r = sp / ww, n = r / hh;
+    const int iy = static_cast<int>(r - n * hh), ix = static_cast<int>(sp - r * ww);
+    const int x_first = gather_first(ix), x_last = gather_last(ix, w);
+    const float* image = diff_dst + static_cast<int64_t>(n) * 2 * h * ow * c + k;
+    // Rows outer, columns inner, zero weights skipped, (wy * wx) * dy: the CPU backend's order.
+    float dx = 0.0f;
+    for (int oy = gather_first(iy); oy <= gather_last(iy, h); ++oy) {
+      const float wy = gather_weight(oy, iy, h);
+      if (wy == 0.0f) continue;
+      const float* row = image + oy * ow * c;
+      for (int ox = x_first; ox <= x_last; ++ox) {
+        const float wx = gather_weight(ox, ix, w);
+        if (wx != 0.0f) dx += wy * wx * row[int64_t{ox} * c];
+      }
+    }
+    diff_src[static_cast<int64_t>(sp) * c + k] = dx;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Concat along channels.
+
+// c = ca + cb channels in dst.
+__global__ void concat_forward_kernel(int64_t pixels, int c, int cb, const float* a, const float* b,
+                                      float* dst) {
+  const int ca = c - cb;
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= c) return;
+  DP_PIXEL_STRIDE(int64_t, p, pixels) {
+    dst[p * c + k] = k < ca ? a[p * ca + k] : b[p * cb + (k - ca)];
+  }
+}
+
+__global__ void concat_backward_kernel(int64_t pixels, int c, int cb, const float* diff_dst,
+                                       float* diff_a, float* diff_b) {
+  const int ca = c - cb;
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= c) return;
+  DP_PIXEL_STRIDE(int64_t, p, pixels) {
+    const float v = diff_dst[p * c + k];
+    if (k < ca)
+      diff_a[p * ca + k] = v;
+    else
+      diff_b[p * cb + (k - ca)] = v;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Loss and metrics.
+
+// loss = (1 - y) x + (1 + (pw - 1) y) softplus(-x), softplus(-x) = log1p(exp(-|x|)) + max(-x, 0);
+// d loss / dx = (1 - y) - w sigmoid(-x).
+__global__ void bce_kernel(int64_t n, const float* x, const float* y, float pos_weight,
+                           float grad_scale, float* dx, double* loss_sum) {
+  double sum = 0.0;
+  DP_GRID_STRIDE(i, n) {
+    const float xi = x[i], yi = y[i];
+    const float w = 1.0f + (pos_weight - 1.0f) * yi;
+    const float softplus = log1pf(expf(-fabsf(xi))) + fmaxf(-xi, 0.0f);
+    sum += static_cast<double>((1.0f - yi) * xi + w * softplus);
+    const float sig_neg = 1.0f / (1.0f + expf(xi));
+    dx[i] = ((1.0f - yi) - w * sig_neg) * grad_scale;
+  }
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) atomicAdd(loss_sum, sum);
+}
+
+__global__ void confusion_kernel(int64_t n, const float* x, const float* y, float threshold,
+                                 unsigned long long* counts) {
+  unsigned long long tp = 0, fp = 0, fn = 0;
+  DP_GRID_STRIDE(i, n) {
+    const bool pred = x[i] > threshold, truth = y[i] > 0.5f;
+    tp += pred && truth;
+    fp += pred && !truth;
+    fn += !pred && truth;
+  }
+  tp = block_sum(tp);
+  fp = block_sum(fp);
+  fn = block_sum(fn);
+  if (threadIdx.x == 0) {
+    if (tp) atomicAdd(counts + 0, tp);
+    if (fp) atomicAdd(counts + 1, fp);
+    if (fn) atomicAdd(counts + 2, fn);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Optimisers.
+
+__global__ void sgd_kernel(int64_t n, float* param, const float* grad, float* momentum_buf,
+                           float lr, float momentum, float weight_decay, bool nesterov) {
+  DP_GRID_STRIDE(i, n) {
+    const float p = param[i];
+    const float g = grad[i] + weight_decay * p;
+    const float buf = momentum * momentum_buf[i] + g;
+    momentum_buf[i] = buf;
+    param[i] = p - lr * (nesterov ? g + momentum * buf : buf);
+  }
+}
+
+__global__ void adamw_kernel(int64_t n, float* param, const float* grad, float* exp_avg,
+                             float* exp_avg_sq, float decay, float beta1, float beta2, float eps,
+                             float step_size, float bc2_sqrt) {
+  DP_GRID_STRIDE(i, n) {
+    const float g = grad[i];
+    const float p = param[i] * decay;
+    const float m = beta1 * exp_avg[i] + (1.0f - beta1) * g;
+    const float v = beta2 * exp_avg_sq[i] + (1.0f - beta2) * g * g;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    param[i] = p - step_size * m / (sqrtf(v) / bc2_sqrt + eps);
+  }
+}
+
+#undef DP_GRID_STRIDE
+#undef DP_PIXEL_STRIDE
+
+// 1-D launch of `kernel` over n elements; n == 0 launches nothing.
+template <typename Kernel, typename... Args>
+void launch_1d(cudaStream_t s, int64_t n, size_t max_blocks, Kernel kernel, Args... args) {
+  if (n <= 0) return;
+  kernel<<<blocks_for(static_cast<size_t>(n), max_blocks), kBlockSize, 0, s>>>(n, args...);
+  DP_CUDA_CHECK(cudaGetLastError());
+}
+
+// channel_grid launch of `kernel` over pixels x c; nothing when either is 0.
+template <typename Kernel, typename... Args>
+void launch_channels(cudaStream_t s, int64_t pixels, int c, size_t max_blocks, Kernel kernel,
+                     Args... args) {
+  if (pixels <= 0 || c <= 0) return;
+  const auto cg = channel_grid(pixels, c, max_blocks);
+  kernel<<<cg.grid, cg.block, 0, s>>>(pixels, c, args...);
+  DP_CUDA_CHECK(cudaGetLastError());
+}
+
+void zero(cudaStream_t s, void* p, size_t bytes) {
+  if (bytes > 0) DP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, s));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Launchers.
+
+void add_forward(cudaStream_t s, int64_t count, const float* a, const float* b, bool relu,
+                 float* dst) {
+  launch_1d(s, count, kMaxBlocks, add_kernel, a, b, relu, dst);
+}
+
+void relu_forward(cudaStream_t s, int64_t count, const float* src, float* dst) {
+  launch_1d(s, count, kMaxBlocks, relu_kernel, src, dst);
+}
+
+void relu_backward(cudaStream_t s, int64_t count, const float* dst, const float* diff_dst,
+                   float* diff_src) {
+  launch_1d(s, count, kMaxBlocks, relu_backward_kernel, dst, diff_dst, diff_src);
+}
+
+void accumulate(cudaStream_t s, int64_t count, const float* src, float* dst) {
+  launch_1d(s, count, kMaxBlocks, accumulate_kernel, src, dst);
+}
+
+void scale(cudaStream_t s, int64_t count, float alpha, float* dst) {
+  launch_1d(s, count, kMaxBlocks, scale_kernel, alpha, dst);
+}
+
+void sum_squares(cudaStream_t s, int64_t count, const float* src, double* result) {
+  zero(s, result, sizeof(double));
+  launch_1d(s, count, kReduceBlocks, sum_squares_kernel, src, result);
+}
+
+void bias_relu(cudaStream_t s, int64_t pixels, int c, const float* bias, bool relu, float* dst) {
+  launch_channels(s, pixels, c, kMaxBlocks, bias_relu_kernel, bias, relu, dst);
+}
+
+void bias_backward(cudaStream_t s, int64_t pixels, int c, const float* diff_dst, float* diff_bias) {
+  if (c <= 0) return;
+  zero(s, diff_bias, sizeof(float) * static_cast<size_t>(c));
+  launch_channels(s, pixels, c, kReduceBlocks, bias_backward_kernel, diff_dst, diff_bias);
+}
+
+void batchnorm_stats(cudaStream_t s, const Shape& d, const float* src, double* sums) {
+  if (d.c <= 0) return;
+  zero(s, sums, 2 * sizeof(double) * static_cast<size_t>(d.c));
+  launch_channels(s, d.pixels(), d.c, kReduceBlocks, batchnorm_stats_kernel, src, sums);
+}
+
+void batchnorm_prepare(cudaStream_t s, int channels, bool training, const double* sums,
+                       double count, float eps, float momentum, float* running_mean,
+                       float* running_var, float* mean, float* invstd) {
+  // As the CPU backend: the unbiasing factor in double, then rounded to float.
+  const float unbias = count > 1 ? static_cast<float>(count / (count - 1)) : 1.0f;
+  launch_1d(s, channels, kMaxBlocks, batchnorm_prepare_kernel, training, sums, count, eps, momentum,
+            unbias, running_mean, running_var, mean, invstd);
+}
+
+void batchnorm_apply(cudaStream_t s, const Shape& d, const float* src, const float* mean,
+                     const float* invstd, const float* gamma, const float* beta, bool relu,
+                     float* dst) {
+  launch_channels(s, d.pixels(), d.c, kMaxBlocks, batchnorm_apply_kernel, src, mean, invstd, gamma,
+                  beta, relu, dst);
+}
+
+void batchnorm_backward_stats(cudaStream_t s, const Shape& d, const float* src, const float* dst,
+                              bool relu, float* diff_dst, const float* mean, const float* invstd,
+                              double* sums, float* diff_gamma, float* diff_beta) {
+  if (d.c <= 0) return;
+  zero(s, sums, 2 * sizeof(double) * static_cast<size_t>(d.c));
+  launch_channels(s, d.pixels(), d.c, kReduceBlocks, batchnorm_backward_stats_kernel, src, dst,
+                  relu, diff_dst, mean, invstd, sums);
+  launch_1d(s, d.c, kMaxBlocks, batchnorm_param_grads_kernel, sums, diff_gamma, diff_beta);
+}
+
+void batchnorm_backward_apply(cudaStream_t s, const Shape& d, const float* src,
+                              const float* diff_dst, const float* mean, const float* invstd,
+                              const float* gamma, const double* sums, double count, bool training,
+                              float* diff_src, bool accumulate) {
+  launch_channels(s, d.pixels(), d.c, kMaxBlocks, batchnorm_backward_apply_kernel, src, diff_dst,
+                  mean, invstd, gamma, sums, count, training, diff_src, accumulate);
+}
+
+void dropout2d_forward(cudaStream_t s, const Shape& d, float p, const uint64_t* seeds,
+                       const float* src, float* mask, float* dst) {
+  const float keep_scale = 1.0f / (1.0f - p);  // on the host, as the CPU backend computes it
+  if (int64_t{d.n} * d.c > 0) {
+    const int64_t entries = int64_t{d.n} * d.c;
+    dropout_mask_kernel<<<blocks_for(static_cast<size_t>(entries)), kBlockSize, 0, s>>>(
+        d.n, d.c, p, keep_scale, seeds, mask);
+    DP_CUDA_CHECK(cudaGetLastError());
+  }
+  apply_channel_mask(s, d, mask, src, dst);
+}
+
+void dropout2d_backward(cudaStream_t s, const Shape& d, const float* mask, const float* diff_dst,
+                        float* diff_src) {
+  apply_channel_mask(s, d, mask, diff_dst, diff_src);
+}
+
+void maxpool2x2_forward(cudaStream_t s, const Shape& src_dims, const float* src, float* dst,
+                        uint8_t* argmax) {
+  DP_CHECK(src_dims.h % 2 == 0 && src_dims.w % 2 == 0, "maxpool2x2: input ", src_dims.h, "x",
+           src_dims.w, " is not even");
+  const int ow = src_dims.w / 2;
+  const int64_t dst_pixels = int64_t{src_dims.n} * (src_dims.h / 2) * ow;
+  if (dst_pixels == 0 || src_dims.c == 0) return;
+  const auto cg = channel_grid(dst_pixels, src_dims.c, kMaxBlocks);
+  with_index_type(src_dims.pixels(), [&](auto tag) {
+    using I = decltype(tag);
+    maxpool_forward_kernel<I><<<cg.grid, cg.block, 0, s>>>(static_cast<I>(dst_pixels), src_dims.c,
+                                                           static_cast<I>(src_dims.w),
+                                                           static_cast<I>(ow), src, dst, argmax);
+  });
+  DP_CUDA_CHECK(cudaGetLastError());
+}
+
+void maxpool2x2_backward(cudaStream_t s, const Shape& src_dims, const uint8_t* argmax,
+                         const float* diff_dst, float* diff_src, bool accumulate) {
+  const int64_t src_pixels = src_dims.pixels();
+  if (src_pixels == 0 || src_dims.c == 0) return;
+  const auto cg = channel_grid(src_pixels, src_dims.c, kMaxBlocks);
+  with_index_type(src_pixels, [&](auto tag) {
+    using I = decltype(tag);
+    maxpool_backward_kernel<I><<<cg.grid, cg.block, 0, s>>>(
+        static_cast<I>(src_pixels), src_dims.c, static_cast<I>(src_dims.w),
+        static_cast<I>(src_dims.w / 2), argmax, diff_dst, diff_src, accumulate);
+  });
+  DP_CUDA_CHECK(cudaGetLastError());
+}
+
+void upsample2x_forward(cudaStream_t s, const Shape& src_dims, const float* src, float* dst) {
+  const int64_t dst_pixels = 4 * src_dims.pixels();
+  if (dst_pixels == 0 || src_dims.c == 0) return;
+  const auto cg = channel_grid(dst_pixels, src_dims.c, kMaxBlocks);
+  with_index_type(dst_pixels, [&](auto tag) {
+    using I = decltype(tag);
+    upsample_forward_kernel<I><<<cg.grid, cg.block, 0, s>>>(static_cast<I>(dst_pixels), src_dims.c,
+                                                            src_dims.h, src_dims.w, src, dst);
+  });
+  DP_CUDA_CHECK(cudaGetLastError());
+}
+
+void upsample2x_backward(cudaStream_t s, const Shape& src_dims, const float* diff_dst,
+                         float* diff_src) {
+  const int64_t src_pixels = src_dims.pixels();
+  if (src_pixels == 0 || src_dims.c == 0) return;
+  const auto cg = channel_grid(src_pixels, src_dims.c, kMaxBlocks);
+  with_index_type(src_pixels, [&](auto tag) {
+    using I = decltype(tag);
+    upsample_backward_kernel<I><<<cg.grid, cg.block, 0, s>>>(
+        static_cast<I>(src_pixels), src_dims.c, src_dims.h, src_dims.w, diff_dst, diff_src);
+  });
+  DP_CUDA_CHECK(cudaGetLastError());
+}
+
+void concat_forward(cudaStream_t s, const Shape& a_dims, const float* a, const Shape& b_dims,
+                    const float* b, float* dst) {
+  DP_CHECK(a_dims.n == b_dims.n && a_dims.h == b_dims.h && a_dims.w == b_dims.w,
+           "concat: shapes differ: [", a_dims.n, ",", a_dims.h, ",", a_dims.w, ",", a_dims.c,
+           "] vs [", b_dims.n, ",", b_dims.h, ",", b_dims.w, ",", b_dims.c, "]");
+  launch_channels(s, a_dims.pixels(), a_dims.c + b_dims.c, kMaxBlocks, concat_forward_kernel,
+                  b_dims.c, a, b, dst);
+}
+
+void concat_backward(cudaStream_t s, const Shape& a_dims, const Shape& b_dims,
+                     const float* diff_dst, float* diff_a, float* diff_b) {
+  DP_CHECK(a_dims.n == b_dims.n && a_dims.h == b_dims.h && a_dims.w == b_dims.w,
+           "concat: shapes differ: [", a_dims.n, ",", a_dims.h, ",", a_dims.w, ",", a_dims.c,
+           "] vs [", b_dims.n, ",", b_dims.h, ",", b_dims.w, ",", b_dims.c, "]");
+  launch_channels(s, a_dims.pixels(), a_dims.c + b_dims.c, kMaxBlocks, concat_backward_kernel,
+                  b_dims.c, diff_dst, diff_a, diff_b);
+}
+
+void bce_with_logits(cudaStream_t s, int64_t count, const float* logits, const float* target,
+                     float pos_weight, float grad_scale, float* diff_logits, double* loss_sum) {
+  zero(s, loss_sum, sizeof(double));
+  launch_1d(s, count, kReduceBlocks, bce_kernel, logits, target, pos_weight, grad_scale,
+            diff_logits, loss_sum);
+}
+
+void confusion_counts(cudaStream_t s, int64_t count, const float* logits, const float* target,
+                      float logit_threshold, unsigned long long* counts) {
+  launch_1d(s, count, kReduceBlocks, confusion_kernel, logits, target, logit_threshold, counts);
+}
+
+void sgd_update(cudaStream_t s, int64_t count, float* param, const float* grad, float* momentum_buf,
+                float lr, float momentum, float weight_decay, bool nesterov) {
+  launch_1d(s, count, kMaxBlocks, sgd_kernel, param, grad, momentum_buf, lr, momentum, weight_decay,
+            nesterov);
+}
+
+void adamw_update(cudaStream_t s, int64_t count, float* param, const float* grad, float* exp_avg,
+                  float* exp_avg_sq, float decay, float beta1, float beta2, float eps,
+                  float step_size, float bc2_sqrt) {
+  launch_1d(s, count, kMaxBlocks, adamw_kernel, param, grad, exp_avg, exp_avg_sq, decay, beta1,
+            beta2, eps, step_size, bc2_sqrt);
+}
+
+}  // namespace dp::cuda::kernels

@@ -1,0 +1,90 @@
+// Launchers of the CUDA backend's own kernels (lib/cuda/kernels.cu): one per Backend op that is
+// not a cuDNN call, same arguments as the Backend method after the stream.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+// Every pointer is DEVICE memory here, including the arrays that the Backend interface keeps on
+// the host (batch-norm sums, seeds, counts, loss): the backend stages those. Launches are
+// asynchronous on `s`, use grid-stride loops, and check cudaGetLastError (DP_CUDA_CHECK).
+// count == 0 launches nothing.
+namespace dp::cuda::kernels {
+
+// An NHWC activation shape; dp::Dims converts to it implicitly. (Not dp::Dims itself: CUDA
+// sources compile as C++17, see cmake/DpCuda.cmake, and dp/backend.hpp needs C++20.)
+struct Shape {
+  int n = 0, h = 0, w = 0, c = 0;
+  Shape() = default;
+  Shape(int batch, int height, int width, int channels)
+      : n(batch), h(height), w(width), c(channels) {}
+  template <typename D>
+  Shape(const D& d) : n(d.n), h(d.h), w(d.w), c(d.c) {}  // NOLINT: implicit from dp::Dims
+  int64_t numel() const { return int64_t{n} * h * w * c; }
+  int64_t pixels() const { return int64_t{n} * h * w; }
+};
+
+// Element-wise.
+void add_forward(cudaStream_t s, int64_t count, const float* a, const float* b, bool relu,
+                 float* dst);
+void relu_forward(cudaStream_t s, int64_t count, const float* src, float* dst);
+void relu_backward(cudaStream_t s, int64_t count, const float* dst, const float* diff_dst,
+                   float* diff_src);                                           // may be in place
+void accumulate(cudaStream_t s, int64_t count, const float* src, float* dst);  // dst += src
+void scale(cudaStream_t s, int64_t count, float alpha, float* dst);
+// *result = sum src[i]^2 (double), overwritten.
+void sum_squares(cudaStream_t s, int64_t count, const float* src, double* result);
+// dst[p, k] += bias[k] (then ReLU when relu), NHWC with c channels over `pixels` rows.
+void bias_relu(cudaStream_t s, int64_t pixels, int c, const float* bias, bool relu, float* dst);
+// diff_bias[k] = sum over pixels of diff_dst[p, k] (overwritten).
+void bias_backward(cudaStream_t s, int64_t pixels, int c, const float* diff_dst, float* diff_bias);
+
+// Batch norm (formulas in dp::Backend). sums: 2 C doubles, overwritten.
+void batchnorm_stats(cudaStream_t s, const Shape& d, const float* src, double* sums);
+void batchnorm_prepare(cudaStream_t s, int channels, bool training, const double* sums,
+                       double count, float eps, float momentum, float* running_mean,
+                       float* running_var, float* mean, float* invstd);
+void batchnorm_apply(cudaStream_t s, const Shape& d, const float* src, const float* mean,
+                     const float* invstd, const float* gamma, const float* beta, bool relu,
+                     float* dst);
+void batchnorm_backward_stats(cudaStream_t s, const Shape& d, const float* src, const float* dst,
+                              bool relu, float* diff_dst, const float* mean, const float* invstd,
+                              double* sums, float* diff_gamma, float* diff_beta);
+void batchnorm_backward_apply(cudaStream_t s, const Shape& d, const float* src,
+                              const float* diff_dst, const float* mean, const float* invstd,
+                              const float* gamma, const double* sums, double count, bool training,
+                              float* diff_src, bool accumulate);
+
+// Dropout2d: the mask from the per-sample seeds exactly as dp::Rng draws it on the host.
+void dropout2d_forward(cudaStream_t s, const Shape& d, float p, const uint64_t* seeds,
+                       const float* src, float* mask, float* dst);
+void dropout2d_backward(cudaStream_t s, const Shape& d, const float* mask, const float* diff_dst,
+                        float* diff_src);
+
+void maxpool2x2_forward(cudaStream_t s, const Shape& src_dims, const float* src, float* dst,
+                        uint8_t* argmax);
+void maxpool2x2_backward(cudaStream_t s, const Shape& src_dims, const uint8_t* argmax,
+                         const float* diff_dst, float* diff_src, bool accumulate);
+void upsample2x_forward(cudaStream_t s, const Shape& src_dims, const float* src, float* dst);
+void upsample2x_backward(cudaStream_t s, const Shape& src_dims, const float* diff_dst,
+                         float* diff_src);
+void concat_forward(cudaStream_t s, const Shape& a_dims, const float* a, const Shape& b_dims,
+                    const float* b, float* dst);
+void concat_backward(cudaStream_t s, const Shape& a_dims, const Shape& b_dims,
+                     const float* diff_dst, float* diff_a, float* diff_b);
+
+// *loss_sum = sum of the per-element losses (double, overwritten); diff as dp::Backend.
+void bce_with_logits(cudaStream_t s, int64_t count, const float* logits, const float* target,
+                     float pos_weight, float grad_scale, float* diff_logits, double* loss_sum);
+// counts[0..2] += tp, fp, fn.
+void confusion_counts(cudaStream_t s, int64_t count, const float* logits, const float* target,
+                      float logit_threshold, unsigned long long* counts);
+
+void sgd_update(cudaStream_t s, int64_t count, float* param, const float* grad, float* momentum_buf,
+                float lr, float momentum, float weight_decay, bool nesterov);
+void adamw_update(cudaStream_t s, int64_t count, float* param, const float* grad, float* exp_avg,
+                  float* exp_avg_sq, float decay, float beta1, float beta2, float eps,
+                  float step_size, float bc2_sqrt);
+
+}  // namespace dp::cuda::kernels

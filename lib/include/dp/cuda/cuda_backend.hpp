@@ -1,0 +1,39 @@
+// dp::cuda::CudaBackend: the dp::Backend on one GPU (cuDNN convolutions, own .cu kernels, NHWC).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "dp/backend.hpp"
+
+namespace dp::cuda {
+
+struct BackendOptions {
+  // fp32 convolutions may use TF32 tensor cores (cuDNN's default math); false forbids them
+  // (CUDNN_FMA_MATH), for bitwise-stable comparisons with the CPU backend.
+  bool tf32 = true;
+  // Only deterministic cuDNN algorithms (no atomics in backward filter/data).
+  bool deterministic = false;
+  // The largest convolution workspace an algorithm may ask for; the arena grows to the largest
+  // chosen algorithm's need (once per shape) and never shrinks.
+  size_t max_workspace_bytes = size_t{1} << 30;
+};
+
+// Every op is enqueued on stream() (a non-blocking stream owned by the backend); ops that
+// return host values (bce_with_logits, sum_squares, batch-norm sums, confusion counts) wait for
+// it. Device memory comes from cudaMalloc through device_memory(), counted for the peak.
+class CudaBackend : public Backend {
+ public:
+  virtual cudaStream_t stream() const = 0;
+  virtual size_t allocated_bytes() const = 0;  // device bytes held now (tensors + workspace)
+  virtual size_t peak_bytes() const = 0;       // the most ever held at once
+  virtual size_t workspace_bytes() const = 0;  // the convolution workspace arena
+};
+
+// On the current device (select_device first).
+std::unique_ptr<CudaBackend> make_cuda_backend(const BackendOptions& options = {});
+
+}  // namespace dp::cuda
