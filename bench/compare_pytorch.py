@@ -6,7 +6,8 @@
 
 Cases: UNet16 /8 at 128x128 batch 8 and full UNet16 at 128x128 batch 2, each on 1 and 2 threads,
 and 2 ranks x 1 thread (mpirun) vs PyTorch DDP (gloo) 2 processes x 1 thread. Same network
-(tools/reference/models.py has dptrain's names and shapes), fp32, SGD momentum 0.9, weight decay
+(tools/reference/models.py has dptrain's names and shapes), fp32 (or --precision bf16: dptrain's
+bf16 convolutions vs torch.autocast), SGD momentum 0.9, weight decay
 1e-4, BCE-with-logits, same batch and image size. dptrain trains from an in-memory shard
 (--cache, no augmentation; the second epoch is timed, when the shard is in memory) and prints
 each step's wall time (--bench-step-times); PyTorch uses tensors made once. Each side: warm-up excluded, median of the timed steps; the two alternate
@@ -33,14 +34,14 @@ CASES = [  # (name, width divisor, batch per rank, threads per rank, ranks)
 ]
 
 
-def run_dptrain(build, data, work, divisor, batch, threads, ranks, warmup, steps):
+def run_dptrain(build, data, work, divisor, batch, threads, ranks, warmup, steps, precision):
     model_dir = os.path.join(work, "run")
     subprocess.run(["rm", "-rf", model_dir], check=True)
     train_images = (warmup + steps) * batch * ranks
     cmd = [os.path.join(build, "app", "dptrain"), "--data", data, "--width-divisor", str(divisor),
            "--batch-size", str(batch), "--epochs", "2", "--max-steps", str(warmup + steps),
            "--model-dir", model_dir, "--augment", "none", "--cache", "--bench-step-times",
-           "--val-every", "1000000"]
+           "--val-every", "1000000", "--precision", precision]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     flags = ["--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl", "self,vader"]
     flags += ["--bind-to", "core" if threads == 1 else "none"]
@@ -58,10 +59,11 @@ def run_dptrain(build, data, work, divisor, batch, threads, ranks, warmup, steps
     return batch * ranks / step, rss[0]
 
 
-def run_torch(python, divisor, batch, threads, ranks, warmup, steps):
+def run_torch(python, divisor, batch, threads, ranks, warmup, steps, precision):
     out = subprocess.run([python, os.path.join(HERE, "pytorch_peer.py"), "--world", str(ranks),
                           "--threads", str(threads), "--divisor", str(divisor), "--size", "128",
-                          "--batch", str(batch), "--warmup", str(warmup), "--steps", str(steps)],
+                          "--batch", str(batch), "--warmup", str(warmup), "--steps", str(steps),
+                          "--precision", precision],
                          check=True, capture_output=True, text=True).stdout
     r = json.loads(out.strip().splitlines()[-1])
     return r["img_per_s"], r["peak_rss_bytes"] / 2**20, r["torch"]
@@ -75,6 +77,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--cases", default="all", help="comma-separated indices into the case list")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: dptrain --precision bf16 vs torch.autocast(bfloat16)")
     args = ap.parse_args()
     cases = CASES if args.cases == "all" else [CASES[int(i)] for i in args.cases.split(",")]
     with tempfile.TemporaryDirectory() as work:
@@ -89,16 +93,18 @@ def main():
         for name, d, b, t, r in cases:
             dp, pt, dp_mem, pt_mem = [], [], [], []
             for _ in range(args.rounds):  # alternate the two to cancel drift
-                ips, mem = run_dptrain(args.build, data, work, d, b, t, r, args.warmup, args.steps)
+                ips, mem = run_dptrain(args.build, data, work, d, b, t, r, args.warmup, args.steps,
+                                       args.precision)
                 dp.append(ips), dp_mem.append(mem)
-                ips, mem, version = run_torch(args.python, d, b, t, r, args.warmup, args.steps)
+                ips, mem, version = run_torch(args.python, d, b, t, r, args.warmup, args.steps,
+                                              args.precision)
                 pt.append(ips), pt_mem.append(mem)
             a, p = statistics.median(dp), statistics.median(pt)
             ma, mp_ = max(dp_mem), max(pt_mem)
             print(f"{name:26s} {t * r:3d} {a:13.2f} {p:13.2f} {a / p:6.2f} {ma:11.0f} "
                   f"{mp_:11.0f} {ma / mp_:9.2f}", flush=True)
-        print(f"PyTorch {version}; {args.rounds} rounds, median of {args.steps} steps after "
-              f"{args.warmup} warm-up each")
+        print(f"PyTorch {version}; {args.precision}; {args.rounds} rounds, median of "
+              f"{args.steps} steps after {args.warmup} warm-up each")
 
 
 if __name__ == "__main__":

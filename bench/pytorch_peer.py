@@ -1,13 +1,22 @@
-"""PyTorch peer for bench/compare_pytorch.py and bench/train_throughput.sh: trains tools/reference/models.py's UNet16 on CPU
-exactly as dptrain does (fp32, NCHW, BCEWithLogits, SGD momentum 0.9, weight decay 1e-4), one
-process or --world N processes with DistributedDataParallel over gloo (N x --threads threads).
+"""PyTorch peer of dptrain's benchmarks: trains a reference model as dptrain does, on CPUs or a GPU.
+
+Used by bench/compare_pytorch.py, bench/train_throughput.sh (CPU) and bench/compare_gpu.sh (GPU).
+tools/reference/models.py's model (UNet16 by default) trained as dptrain trains it (BCEWithLogits,
+SGD momentum 0.9, weight decay 1e-4). On the CPU (default): fp32, NCHW, one process or --world N
+processes with DistributedDataParallel over gloo (N x --threads threads). With --device cuda: one
+process on one GPU, channels_last, cudnn.benchmark, TF32 allowed for fp32 (as dptrain's default
+BackendOptions::tf32); every step ends with a synchronize. --precision bf16: torch.autocast to
+bfloat16 on either device (dptrain's --precision bf16 rounds the same convolution operands).
 
     python bench/pytorch_peer.py --world 1 --threads 2 --divisor 8 --size 128 --batch 8
+    python bench/pytorch_peer.py --device cuda --divisor 1 --size 448 --batch 16 --steps 20
 
 Data are random tensors made once (no loader). Prints one JSON line: the median step time of the
-timed steps (after --warmup), img/s over all ranks, and the summed peak RSS of the processes.
+timed steps (after --warmup), img/s over all ranks, the summed peak RSS of the processes and, on
+a GPU, the peak device memory PyTorch allocated.
 """
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -22,7 +31,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools",
                                 "reference"))
-from models import UNet16  # noqa: E402  (the reference model, dptrain's parameter names)
+import models  # noqa: E402  (the reference models, dptrain's parameter names)
 
 
 def peak_rss_bytes():
@@ -38,7 +47,15 @@ def worker(rank, args, init_file, results):
     if args.pin:
         os.sched_setaffinity(0, {rank % os.cpu_count()})
     torch.manual_seed(args.seed)
-    model = UNet16(width_divisor=args.divisor)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.allow_tf32 = True  # fp32 convolutions may use TF32, as dptrain's
+        torch.backends.cuda.matmul.allow_tf32 = True
+    device = torch.device(args.device)
+    layout = torch.channels_last if cuda else torch.contiguous_format
+    model = models.make(args.model, width_divisor=args.divisor, is_deconv=args.deconv)
+    model = model.to(device, memory_format=layout)
     if args.world > 1:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                                 world_size=args.world)
@@ -48,17 +65,26 @@ def worker(rank, args, init_file, results):
     g = torch.Generator().manual_seed(args.seed + rank)
     x = torch.randn(args.batch, 3, args.size, args.size, generator=g)
     y = (torch.rand(args.batch, 1, args.size, args.size, generator=g) < 0.1).float()
+    x, y = x.to(device).contiguous(memory_format=layout), y.to(device)
+    bf16 = args.precision == "bf16"
     times = []
     for i in range(args.warmup + args.steps):
         if args.world > 1:
             dist.barrier()
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
+        with torch.autocast(args.device, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
+            loss = loss_fn(model(x), y)
+        loss.backward()
         opt.step()
+        if cuda:
+            torch.cuda.synchronize()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
-    results[rank] = (sorted(times)[len(times) // 2], peak_rss_bytes())
+    peak_device = torch.cuda.max_memory_allocated() if cuda else 0
+    results[rank] = (sorted(times)[len(times) // 2], peak_rss_bytes(), peak_device)
     if args.world > 1:
         dist.destroy_process_group()
 
@@ -74,7 +100,18 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--pin", action="store_true", help="pin process r to core r")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--model", choices=["unet16", "unet_resnet34", "unet_resnet101"],
+                    default="unet16")
+    ap.add_argument("--deconv", action="store_true", help="transposed-convolution decoder")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: torch.autocast (CPU or GPU)")
     args = ap.parse_args()
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("pytorch_peer: --device cuda, but this PyTorch sees no GPU")
+        if args.world != 1:
+            raise SystemExit("pytorch_peer: --device cuda runs one process (--world 1)")
     if args.world == 1:
         results = {}
         worker(0, args, None, results)
@@ -83,10 +120,16 @@ def main():
             results = manager.dict()
             mp.spawn(worker, args=(args, os.path.join(tmp, "init"), results), nprocs=args.world)
             results = dict(results)
-    step = max(t for t, _ in results.values())  # the slowest rank sets the pace
-    print(json.dumps({"torch": torch.__version__, "step_seconds": step,
-                      "img_per_s": args.batch * args.world / step,
-                      "peak_rss_bytes": sum(r for _, r in results.values())}))
+    step = max(t for t, _, _ in results.values())  # the slowest rank sets the pace
+    out = {"impl": "pytorch", "torch": torch.__version__, "device": args.device,
+           "model": args.model, "deconv": args.deconv, "width_divisor": args.divisor,
+           "size": args.size, "batch": args.batch, "precision": args.precision,
+           "step_seconds": step, "img_per_s": args.batch * args.world / step,
+           "peak_rss_bytes": sum(r for _, r, _ in results.values())}
+    if args.device == "cuda":
+        out["gpu"] = torch.cuda.get_device_name(0)
+        out["peak_device_bytes"] = max(d for _, _, d in results.values())
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -55,6 +55,7 @@ std::string TrainOptions::describe() const {
      << "threads = " << threads << "\n"
      << "deterministic = " << deterministic << "\n"
      << "tf32 = " << tf32 << "\n"
+     << "precision = " << precision << "\n"
      << "bucket_mb = " << bucket_mb << "\n"
      << "overlap = " << overlap << "\n"
      << "accumulation_steps = " << accumulation_steps << "\n"
@@ -165,7 +166,11 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "deterministic", po::bool_switch(&o.deterministic),
       "bitwise reproducible CPU runs: fixed thread count (no OpenMP dynamic adjustment); runs "
       "with the same world size and threads then give identical weights, resumed or not; on "
-      "the GPU: deterministic cuDNN algorithms only")(
+      "the GPU: deterministic cuDNN algorithms only (the own reductions' atomics may still "
+      "change the last bits)")(
+      "precision", po::value(&o.precision)->default_value(o.precision),
+      "fp32, or bf16: convolutions on bf16 inputs and weights with fp32 accumulation, "
+      "everything else fp32 (as PyTorch autocast; CPUs with AVX512-BF16 or AMX, GPUs)")(
       "no-tf32", po::bool_switch(),
       "GPU: fp32 convolutions without TF32 tensor cores (slower, closer to the CPU)")(
       "threads", po::value(&o.threads)->default_value(o.threads),
@@ -296,6 +301,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(o.check_sync_every >= 0, "--check-sync-every must be >= 0, got ", o.check_sync_every);
   require(vm.count("width-divisor") == 0 || (o.width_divisor >= 1 && 32 % o.width_divisor == 0),
           "--width-divisor must be one of 1, 2, 4, 8, 16, 32, got ", o.width_divisor);
+  require(o.precision == "fp32" || o.precision == "bf16", "--precision must be fp32 or bf16, got '",
+          o.precision, "'");
   require(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
           "--device must be auto, cpu or cuda, got '", o.device, "'");
   require(!o.model_dir.empty(), "--model-dir must not be empty");

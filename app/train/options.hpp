@@ -57,10 +57,11 @@ struct TrainOptions {
   uint64_t seed = 42;
   int64_t max_steps = -1;  // stop each epoch after this many steps (tests, smoke runs)
   // execution
-  std::string device = "auto";  // auto | cpu | cuda
-  int threads = 0;              // CPU threads per rank; 0 = OpenMP's default
-  bool deterministic = false;   // no OpenMP dynamic thread adjustment; deterministic cuDNN
-  bool tf32 = true;             // GPU: TF32 tensor cores for fp32 convolutions
+  std::string device = "auto";     // auto | cpu | cuda
+  int threads = 0;                 // CPU threads per rank; 0 = OpenMP's default
+  bool deterministic = false;      // no OpenMP dynamic thread adjustment; deterministic cuDNN
+  bool tf32 = true;                // GPU: TF32 tensor cores for fp32 convolutions
+  std::string precision = "fp32";  // fp32 | bf16 (convolutions)
   // distribution (issue 4)
   double bucket_mb = 25.0;            // gradient all-reduce bucket size, MiB (first bucket: 1 MiB)
   bool overlap = true;                // all-reduce buckets during backward (--no-overlap: after it)

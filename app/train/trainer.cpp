@@ -319,11 +319,17 @@ struct Trainer::DeviceState {
 
 std::unique_ptr<Backend> Trainer::make_backend(bool use_gpu) {
   device_ = std::make_unique<DeviceState>();
-  if (!use_gpu) return make_cpu_backend();
+  const Precision precision = opt_.precision == "bf16" ? Precision::kBFloat16 : Precision::kFloat32;
+  if (!use_gpu) {
+    if (precision == Precision::kBFloat16 && !cpu_bf16_support().empty())
+      throw UsageError(str_cat("--precision bf16: ", cpu_bf16_support(), "; use --precision fp32"));
+    return make_cpu_backend(precision);
+  }
 #ifdef DP_WITH_CUDA
   cuda::BackendOptions bo;
   bo.tf32 = opt_.tf32;
   bo.deterministic = opt_.deterministic;
+  bo.precision = precision;
   auto backend = cuda::make_cuda_backend(bo);
   device_->backend = backend.get();
   return backend;
@@ -415,10 +421,12 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
   // OpenMP from changing the thread count between parallel regions.
   if (opt_.deterministic) omp_set_dynamic(0);
   if (use_gpu)
-    log_.info("dptrain: ", comm_.size(), " rank(s), device cuda (one GPU per rank)");
+    log_.info("dptrain: ", comm_.size(), " rank(s), device cuda (one GPU per rank), ",
+              opt_.precision, opt_.precision == "fp32" && opt_.tf32 ? " (TF32)" : "",
+              " convolutions");
   else
     log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN), ", omp_get_max_threads(),
-              " thread(s) per rank");
+              " thread(s) per rank, ", opt_.precision, " convolutions");
   on_root("--model-dir", [&] { ensure_writable_dir(opt_.model_dir); });
   collectively([&] { parse_fail_at(fail_rank_, fail_step_); });
   collectively([&] { parse_fail_at(preempt_rank_, preempt_step_, kPreemptAtVariable); });

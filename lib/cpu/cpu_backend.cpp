@@ -3,6 +3,7 @@
 // dropout, loss, metrics and the optimiser update.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -67,30 +68,33 @@ int upsample_gather(int i, int in, Gather* g) {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend() : eng_(dnnl::engine::kind::cpu, 0), stream_(eng_) {}
+  explicit CpuBackend(Precision precision)
+      : eng_(dnnl::engine::kind::cpu, 0), stream_(eng_), bf16_(precision == Precision::kBFloat16) {}
 
-  std::string name() const override { return "cpu"; }
+  std::string name() const override { return bf16_ ? "cpu (bf16 convolutions)" : "cpu"; }
 
   void conv_forward(const ConvDesc& d, const float* src, const float* weight, const float* bias,
                     float* dst) override {
-    conv(d).forward(stream_, src, weight, bias, dst);
+    conv(d).forward(stream_, src, weight, bias, dst, lowp_scratch_.data());
   }
 
   void conv_backward(const ConvDesc& d, const float* src, const float* weight, const float* dst,
                      float* diff_dst, float* diff_src, float* diff_weight,
                      float* diff_bias) override {
-    conv(d).backward(stream_, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias);
+    conv(d).backward(stream_, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias,
+                     lowp_scratch_.data());
   }
 
   void deconv_forward(const DeconvDesc& d, const float* src, const float* weight, const float* bias,
                       float* dst) override {
-    deconv(d).forward(stream_, src, weight, bias, dst);
+    deconv(d).forward(stream_, src, weight, bias, dst, lowp_scratch_.data());
   }
 
   void deconv_backward(const DeconvDesc& d, const float* src, const float* weight, const float* dst,
                        float* diff_dst, float* diff_src, float* diff_weight,
                        float* diff_bias) override {
-    deconv(d).backward(stream_, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias);
+    deconv(d).backward(stream_, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias,
+                       lowp_scratch_.data());
   }
 
   void relu_forward(int64_t count, const float* src, float* dst) override {
@@ -463,14 +467,21 @@ class CpuBackend final : public Backend {
 
   cpu::ConvPrims& conv(const ConvDesc& d) {
     auto& slot = conv_cache_[conv_key(d)];
-    if (!slot) slot = cpu::make_conv(eng_, d);
+    if (!slot) slot = with_scratch(cpu::make_conv(eng_, d, bf16_));
     return *slot;
   }
 
   cpu::ConvPrims& deconv(const DeconvDesc& d) {
     auto& slot = deconv_cache_[deconv_key(d)];
-    if (!slot) slot = cpu::make_deconv(eng_, d);
+    if (!slot) slot = with_scratch(cpu::make_deconv(eng_, d, bf16_));
     return *slot;
+  }
+
+  // New primitives (first use of a shape) may need more bf16 scratch: it grows then, never in a
+  // step that only reuses primitives.
+  std::unique_ptr<cpu::ConvPrims> with_scratch(std::unique_ptr<cpu::ConvPrims> p) {
+    if (p->lowp_bytes() > lowp_scratch_.bytes()) lowp_scratch_ = Buffer(p->lowp_bytes());
+    return p;
   }
 
   EltwiseEntry& relu(int64_t count) {
@@ -501,6 +512,8 @@ class CpuBackend final : public Backend {
 
   dnnl::engine eng_;
   dnnl::stream stream_;
+  bool bf16_ = false;    // convolutions on bf16 copies of inputs, gradients and weights
+  Buffer lowp_scratch_;  // those copies (one convolution's at a time)
   std::vector<float> scratch_a_, scratch_b_;  // per-channel values, sized on first use
   std::map<decltype(conv_key(ConvDesc{})), std::unique_ptr<cpu::ConvPrims>> conv_cache_;
   std::map<decltype(deconv_key(DeconvDesc{})), std::unique_ptr<cpu::ConvPrims>> deconv_cache_;
@@ -520,8 +533,21 @@ void batchnorm_moments(const double* sums, int channels, double count, float eps
   }
 }
 
-std::unique_ptr<Backend> make_cpu_backend() {
-  return checked("the CPU engine", [] { return std::make_unique<CpuBackend>(); });
+std::string cpu_bf16_support() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  // oneDNN's ISA values are bit sets: each one contains the bits of the ISAs it extends.
+  const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  if ((isa & bf16) == bf16) return {};
+  char text[96];
+  std::snprintf(text, sizeof text, "this CPU has neither AVX512-BF16 nor AMX (oneDNN ISA 0x%x)",
+                isa);
+  return text;
+}
+
+std::unique_ptr<Backend> make_cpu_backend(Precision precision) {
+  if (precision == Precision::kBFloat16)
+    DP_CHECK(cpu_bf16_support().empty(), "--precision bf16: ", cpu_bf16_support());
+  return checked("the CPU engine", [&] { return std::make_unique<CpuBackend>(precision); });
 }
 
 }  // namespace dp

@@ -17,8 +17,8 @@ using dnnl::prop_kind;
 using tag = memory::format_tag;
 using dt = memory::data_type;
 
-inline memory::desc nhwc_md(const Dims& d) {
-  return memory::desc({d.n, d.c, d.h, d.w}, dt::f32, tag::nhwc);
+inline memory::desc nhwc_md(const Dims& d, dt type = dt::f32) {
+  return memory::desc({d.n, d.c, d.h, d.w}, type, tag::nhwc);
 }
 
 // The oneDNN CHECK: runs `build` and turns a dnnl::error into a dp::Error naming the primitive.
@@ -91,19 +91,26 @@ struct WeightsIn {
 
 // Forward, backward-data and backward-weights of a convolution or transposed convolution with
 // optional bias and fused ReLU, all bound to their arguments once.
+// With bf16 compute the primitives read bf16 copies of the input and of the output gradient
+// (converted into the caller's `lowp` scratch, lowp_bytes() of it) and bf16 weights (converted
+// with the weight reorder); they accumulate in fp32 and write fp32 outputs and gradients.
 struct ConvPrims {
-  Exec fwd, bwd_data, bwd_weights, relu_bwd, diff_w_to_user;
+  Exec fwd, bwd_data, bwd_weights, relu_bwd, diff_w_to_user, src_to_lowp, diff_dst_to_lowp;
   Bound src, dst, bias, diff_dst, diff_src, diff_bias, diff_w_user;
+  Bound src_lowp, diff_dst_lowp;  // bf16 compute only
   WeightsIn w_fwd, w_bwd;
   memory diff_w_internal;
-  bool diff_w_reorder = false, relu = false, has_bias = false;
+  bool diff_w_reorder = false, relu = false, has_bias = false, lowp = false;
+  size_t src_lowp_bytes = 0, dst_lowp_bytes = 0;
 
-  void forward(dnnl::stream& s, const float* x, const float* w, const float* b, float* y);
+  size_t lowp_bytes() const { return src_lowp_bytes + dst_lowp_bytes; }
+  void forward(dnnl::stream& s, const float* x, const float* w, const float* b, float* y,
+               void* lowp_scratch);
   void backward(dnnl::stream& s, const float* x, const float* w, const float* y, float* dy,
-                float* dx, float* dw, float* db);
+                float* dx, float* dw, float* db, void* lowp_scratch);
 };
 
-std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d);
-std::unique_ptr<ConvPrims> make_deconv(const dnnl::engine& eng, const DeconvDesc& d);
+std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d, bool bf16);
+std::unique_ptr<ConvPrims> make_deconv(const dnnl::engine& eng, const DeconvDesc& d, bool bf16);
 
 }  // namespace dp::cpu

@@ -156,7 +156,9 @@ class CudaBackendImpl final : public CudaBackend {
         workspace_(heap_, "the convolution workspace"),
         conv_(cudnn_.get(), heap_, workspace_, options),
         staging_(heap_),
-        name_(str_cat("cuda (cuDNN ", cudnn_version(), ")")) {
+        name_(str_cat("cuda (cuDNN ", cudnn_version(),
+                      options.precision == Precision::kBFloat16 ? ", bf16 convolutions" : "",
+                      ")")) {
     cudnn_.set_stream(stream_.get());
   }
 
@@ -382,6 +384,20 @@ class CudaBackendImpl final : public CudaBackend {
 }  // namespace
 
 std::unique_ptr<CudaBackend> make_cuda_backend(const BackendOptions& options) {
+  if (options.precision == Precision::kBFloat16) {
+    // cuDNN's bf16 convolutions want bf16 tensor cores (Ampere, compute capability 8.0, on).
+    int ordinal = 0, major = 0, minor = 0;
+    DP_CUDA_CHECK(cudaGetDevice(&ordinal));
+    DP_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal));
+    DP_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal));
+    if (major < 8) {
+      cudaDeviceProp prop{};
+      DP_CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
+      const std::string device = str_cat("device ", ordinal, " (", prop.name, ")");
+      fail("bf16 convolutions need compute capability 8.0 or newer (bf16 tensor cores); ", device,
+           " has ", major, ".", minor, "; use --precision fp32");
+    }
+  }
   return std::make_unique<CudaBackendImpl>(options);
 }
 

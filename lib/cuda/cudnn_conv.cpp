@@ -1,5 +1,6 @@
 // The CUDA backend's convolutions: counted device memory, the workspace arena, and cuDNN plans
-// (descriptors and the algorithms chosen once per shape with cudnnFind*AlgorithmEx).
+// (descriptors and the algorithms chosen once per shape with cudnnFind*AlgorithmEx), in fp32 or on
+// bf16 copies of the operands.
 #include "cudnn_conv.hpp"
 
 #include <algorithm>
@@ -208,20 +209,51 @@ struct ConvEngine::Plan {
   bool fuse = true;  // cudnnConvolutionBiasActivationForward has not been refused
   std::string why;   // why the last algorithm search failed
 
-  size_t filter_bytes() const { return sizeof(float) * size_t(k) * size_t(c) * size_t(r) * r; }
+  size_t filter_bytes() const { return sizeof(float) * filter_numel(); }
+  size_t filter_numel() const { return size_t(k) * size_t(c) * size_t(r) * size_t(r); }
   int64_t y_pixels() const { return int64_t{n} * hy * wy; }
   int64_t x_pixels() const { return int64_t{n} * hx * wx; }
+
+  // bf16: the byte offsets of the x, filter and y regions in the engine's bf16 arena (each
+  // 256-byte aligned, as cuDNN's vectorised kernels want) and the bytes of all three.
+  static size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+  size_t lowp_w_offset() const { return aligned(sizeof(__nv_bfloat16) * size_t(x_pixels()) * c); }
+  size_t lowp_y_offset() const {
+    return lowp_w_offset() + aligned(sizeof(__nv_bfloat16) * filter_numel());
+  }
+  size_t lowp_bytes() const {
+    return lowp_y_offset() + aligned(sizeof(__nv_bfloat16) * size_t(y_pixels()) * k);
+  }
 };
 
 namespace {
 
-// Sets the descriptors of a plan whose sizes are filled in.
+bool is_bf16(const BackendOptions& options) {
+  return options.precision == Precision::kBFloat16;
+}
+
+// The data type of the tensors and filters cuDNN sees.
+cudnnDataType_t operand_type(const BackendOptions& options) {
+  return is_bf16(options) ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+}
+
+// The math type an algorithm search starts from: bf16 on tensor cores (as PyTorch sets it for
+// bf16); fp32 with TF32 allowed (cuDNN's default) or FMA only.
+cudnnMathType_t base_math_type(const BackendOptions& options) {
+  if (is_bf16(options)) return CUDNN_TENSOR_OP_MATH;
+  return options.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
+}
+
+// Sets the descriptors of a plan whose sizes are filled in. The convolution's compute type is
+// fp32 in both precisions (bf16: PSEUDO_BFLOAT16_CONFIG; the bias and the fp32 filter views are
+// used by fp32 plans only).
 void init_plan(ConvEngine::Plan* p, const BackendOptions& options) {
-  const cudnnMathType_t math = options.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
-  DP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->x.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, p->n,
-                                            p->c, p->hx, p->wx));
-  DP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->y.get(), CUDNN_TENSOR_NHWC, CUDNN_DATA_FLOAT, p->n,
-                                            p->k, p->hy, p->wy));
+  const cudnnMathType_t math = base_math_type(options);
+  const cudnnDataType_t type = operand_type(options);
+  DP_CUDNN_CHECK(
+      cudnnSetTensor4dDescriptor(p->x.get(), CUDNN_TENSOR_NHWC, type, p->n, p->c, p->hx, p->wx));
+  DP_CUDNN_CHECK(
+      cudnnSetTensor4dDescriptor(p->y.get(), CUDNN_TENSOR_NHWC, type, p->n, p->k, p->hy, p->wy));
   DP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->bias.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1,
                                             p->k, 1, 1));
   DP_CUDNN_CHECK(cudnnSetTensor4dDescriptor(p->w_nchw.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
@@ -233,8 +265,8 @@ void init_plan(ConvEngine::Plan* p, const BackendOptions& options) {
   DP_CUDNN_CHECK(cudnnSetActivationDescriptor(p->identity.get(), CUDNN_ACTIVATION_IDENTITY,
                                               CUDNN_NOT_PROPAGATE_NAN, 0.0));
   for (PassState& ps : p->pass) {
-    DP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(ps.filter.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW,
-                                              p->k, p->c, p->r, p->r));
+    DP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(ps.filter.get(), type, CUDNN_TENSOR_NCHW, p->k, p->c,
+                                              p->r, p->r));
     DP_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(ps.conv.get(), p->pad, p->pad, p->stride,
                                                    p->stride, 1, 1, CUDNN_CROSS_CORRELATION,
                                                    CUDNN_DATA_FLOAT));
@@ -266,7 +298,9 @@ ConvEngine::ConvEngine(cudnnHandle_t handle, DeviceHeap& heap, Arena& workspace,
       heap_(heap),
       workspace_(workspace),
       options_(options),
-      filter_copy_(heap, "the KRSC filter copy") {
+      bf16_(is_bf16(options)),
+      filter_copy_(heap, "the KRSC filter copy"),
+      lowp_(heap, "the bf16 convolution operands") {
   const char* krsc = std::getenv("DP_CUDNN_KRSC_FILTERS");
   force_krsc_ = krsc != nullptr && std::strcmp(krsc, "1") == 0;
 }
@@ -420,17 +454,22 @@ void ConvEngine::ensure(Plan& p, int pass, const void* x, const void* w, const v
     why_nchw = p.why;
   }
   if (choose(p, pass, true, x, w, y)) return;
-  fail("cuDNN offers no usable ", kPassName[pass], " algorithm for ", p.what, " (fp32 NHWC",
-       options_.deterministic ? ", deterministic only" : "", options_.tf32 ? "" : ", no TF32",
-       ", workspace at most ", format_mib(double(options_.max_workspace_bytes)),
+  fail("cuDNN offers no usable ", kPassName[pass], " algorithm for ", p.what,
+       bf16_ ? " (bf16 NHWC, fp32 compute" : " (fp32 NHWC",
+       options_.deterministic ? ", deterministic only" : "",
+       bf16_ || options_.tf32 ? "" : ", no TF32", ", workspace at most ",
+       format_mib(double(options_.max_workspace_bytes)),
        "): ", force_krsc_ ? "" : str_cat("with the NCHW filter: ", why_nchw, "; "),
        "with the KRSC filter: ", p.why);
 }
 
 bool ConvEngine::choose(Plan& p, int pass, bool krsc, const void* x, const void* w, const void* y) {
   PassState& ps = p.pass[pass];
-  const cudnnMathType_t base_math = options_.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
-  DP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(ps.filter.get(), CUDNN_DATA_FLOAT,
+  const cudnnMathType_t base_math = base_math_type(options_);
+  // Each algorithm runs with the math type it was found with, except in fp32 without TF32, where
+  // every one runs FMA-only. (bf16 operands are rounded already: tensor cores lose nothing more.)
+  const bool own_math = bf16_ || options_.tf32;
+  DP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(ps.filter.get(), operand_type(options_),
                                             krsc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, p.k, p.c,
                                             p.r, p.r));
   DP_CUDNN_CHECK(cudnnSetConvolutionMathType(ps.conv.get(), base_math));
@@ -439,8 +478,7 @@ bool ConvEngine::choose(Plan& p, int pass, bool krsc, const void* x, const void*
     return c.status == CUDNN_STATUS_SUCCESS &&
            (!options_.deterministic || c.determinism == CUDNN_DETERMINISTIC) &&
            c.math != CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION &&  // may round to half precision
-           (options_.tf32 || c.math != CUDNN_TENSOR_OP_MATH) &&
-           c.memory <= options_.max_workspace_bytes;
+           (own_math || c.math != CUDNN_TENSOR_OP_MATH) && c.memory <= options_.max_workspace_bytes;
   };
 
   // The heuristics say which algorithms apply and how much workspace they may need.
@@ -456,7 +494,7 @@ bool ConvEngine::choose(Plan& p, int pass, bool krsc, const void* x, const void*
     if (!usable(c)) continue;
     any = true;
     size_t need = 0;
-    DP_CUDNN_CHECK(cudnnSetConvolutionMathType(ps.conv.get(), options_.tf32 ? c.math : base_math));
+    DP_CUDNN_CHECK(cudnnSetConvolutionMathType(ps.conv.get(), own_math ? c.math : base_math));
     if (workspace_size(handle_, p, ps, pass, c.algo, &need) != CUDNN_STATUS_SUCCESS) need = 0;
     need = std::max(need, c.memory);
     if (need <= options_.max_workspace_bytes) search_bytes = std::max(search_bytes, need);
@@ -513,7 +551,7 @@ bool ConvEngine::choose(Plan& p, int pass, bool krsc, const void* x, const void*
   bool out_of_memory = false;
   for (const Candidate& c : ranked) {
     if (!usable(c)) continue;
-    DP_CUDNN_CHECK(cudnnSetConvolutionMathType(ps.conv.get(), options_.tf32 ? c.math : base_math));
+    DP_CUDNN_CHECK(cudnnSetConvolutionMathType(ps.conv.get(), own_math ? c.math : base_math));
     size_t need = 0;
     if (workspace_size(handle_, p, ps, pass, c.algo, &need) != CUDNN_STATUS_SUCCESS) continue;
     need = std::max(need, c.memory);
@@ -536,31 +574,87 @@ bool ConvEngine::choose(Plan& p, int pass, bool krsc, const void* x, const void*
 }
 
 // ---------------------------------------------------------------------------------------------
-// Passes
+// Operands
+
+void ConvEngine::reserve_lowp(const Plan& p) {
+  if (bf16_) lowp_.reserve(p.lowp_bytes());
+}
+
+namespace {
+
+// A region of the bf16 arena, which reserve_lowp has grown to the plan's regions.
+__nv_bfloat16* lowp_region(const Arena& lowp, const ConvEngine::Plan& p, size_t offset) {
+  DP_CHECK(lowp.bytes() >= p.lowp_bytes(), "internal: the bf16 operands of ", p.what, " need ",
+           p.lowp_bytes(), " bytes, the arena has ", lowp.bytes());
+  return reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(lowp.data()) + offset);
+}
+
+}  // namespace
+
+const void* ConvEngine::operand(Plan& p, Side side, const float* t) {
+  if (!bf16_) return t;
+  __nv_bfloat16* copy = lowp_region(lowp_, p, side == Side::kX ? 0 : p.lowp_y_offset());
+  const int64_t count = side == Side::kX ? p.x_pixels() * p.c : p.y_pixels() * p.k;
+  kernels::to_bf16(heap_.stream(), count, t, copy);
+  return copy;
+}
+
+void* ConvEngine::result(Plan& p, Side side, float* t) {
+  if (!bf16_) return t;
+  return lowp_region(lowp_, p, side == Side::kX ? 0 : p.lowp_y_offset());
+}
+
+void ConvEngine::epilogue(int64_t pixels, int c, const void* r, float* out, const float* bias,
+                          bool relu) {
+  const cudaStream_t s = heap_.stream();
+  if (bf16_)
+    kernels::from_bf16(s, pixels, c, static_cast<const __nv_bfloat16*>(r), bias, relu, out);
+  else if (bias != nullptr)
+    kernels::bias_relu(s, pixels, c, bias, relu, out);
+  else if (relu)
+    kernels::relu_forward(s, pixels * c, out, out);
+}
 
 const void* ConvEngine::filter_for(Plan& p, int pass, const float* w) {
-  if (!p.pass[pass].krsc) return w;
+  const bool krsc = p.pass[pass].krsc;
+  if (bf16_) {
+    __nv_bfloat16* copy = lowp_region(lowp_, p, p.lowp_w_offset());
+    kernels::filter_to_bf16(heap_.stream(), p.k, p.c, p.r * p.r, w, krsc, copy);
+    return copy;
+  }
+  if (!krsc) return w;
   filter_copy_.reserve(p.filter_bytes());
   DP_CUDNN_CHECK(cudnnTransformTensor(handle_, &kOne, p.w_nchw.get(), w, &kZero, p.w_nhwc.get(),
                                       filter_copy_.data()));
   return filter_copy_.data();
 }
 
-void ConvEngine::forward(Plan& p, const float* x, const float* w, float* y, const float* bias,
+const void* ConvEngine::probe_filter(Plan& p, const float* w) {
+  if (!bf16_) return w;
+  __nv_bfloat16* copy = lowp_region(lowp_, p, p.lowp_w_offset());
+  kernels::filter_to_bf16(heap_.stream(), p.k, p.c, p.r * p.r, w, false, copy);
+  return copy;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Passes
+
+bool ConvEngine::forward(Plan& p, const void* x, const float* w, void* y, const float* bias,
                          bool relu) {
-  ensure(p, kForward, x, w, y);
+  if (!p.pass[kForward].ready) ensure(p, kForward, x, probe_filter(p, w), y);
   const PassState& ps = p.pass[kForward];
   const void* filter = filter_for(p, kForward, w);
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(ps.algo);
-  // cuDNN's fused call, where it allows it: with the identity activation only for
-  // IMPLICIT_PRECOMP_GEMM. A refusal falls back to the plain convolution for good.
-  if (bias != nullptr && p.fuse &&
+  // cuDNN's fused call, where it allows it: fp32 only (bf16 widens the result with the bias),
+  // with the identity activation only for IMPLICIT_PRECOMP_GEMM. A refusal falls back to the
+  // plain convolution for good.
+  if (!bf16_ && bias != nullptr && p.fuse &&
       (relu || algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)) {
     const cudnnStatus_t status = cudnnConvolutionBiasActivationForward(
         handle_, &kOne, p.x.get(), x, ps.filter.get(), filter, ps.conv.get(), algo,
         workspace_.data(), workspace_.bytes(), &kZero, p.y.get(), y, p.bias.get(), bias,
         relu ? p.relu.get() : p.identity.get(), p.y.get(), y);
-    if (status == CUDNN_STATUS_SUCCESS) return;
+    if (status == CUDNN_STATUS_SUCCESS) return true;
     if (!refused(status))
       throw_cudnn_error(status, "cudnnConvolutionBiasActivationForward", __FILE__, __LINE__);
     p.fuse = false;
@@ -568,14 +662,11 @@ void ConvEngine::forward(Plan& p, const float* x, const float* w, float* y, cons
   DP_CUDNN_CHECK(cudnnConvolutionForward(handle_, &kOne, p.x.get(), x, ps.filter.get(), filter,
                                          ps.conv.get(), algo, workspace_.data(), workspace_.bytes(),
                                          &kZero, p.y.get(), y));
-  if (bias != nullptr)
-    kernels::bias_relu(heap_.stream(), p.y_pixels(), p.k, bias, relu, y);
-  else if (relu)
-    kernels::relu_forward(heap_.stream(), p.y_pixels() * p.k, y, y);
+  return false;
 }
 
-void ConvEngine::backward_data(Plan& p, const float* w, const float* dy, float* dx) {
-  ensure(p, kBackwardData, dx, w, dy);
+void ConvEngine::backward_data(Plan& p, const float* w, const void* dy, void* dx) {
+  if (!p.pass[kBackwardData].ready) ensure(p, kBackwardData, dx, probe_filter(p, w), dy);
   const PassState& ps = p.pass[kBackwardData];
   const void* filter = filter_for(p, kBackwardData, w);
   DP_CUDNN_CHECK(cudnnConvolutionBackwardData(
@@ -584,11 +675,16 @@ void ConvEngine::backward_data(Plan& p, const float* w, const float* dy, float* 
       &kZero, p.x.get(), dx));
 }
 
-void ConvEngine::backward_filter(Plan& p, const float* x, const float* dy, float* dw) {
-  ensure(p, kBackwardFilter, x, dw, dy);
+void ConvEngine::backward_filter(Plan& p, const void* x, const void* dy, float* dw) {
+  // bf16: cuDNN writes a bf16 filter gradient (PSEUDO_BFLOAT16_CONFIG has no fp32 dw), widened
+  // into dw after.
+  void* lowp_dw = bf16_ ? lowp_region(lowp_, p, p.lowp_w_offset()) : nullptr;
+  ensure(p, kBackwardFilter, x, bf16_ ? lowp_dw : dw, dy);
   const PassState& ps = p.pass[kBackwardFilter];
   void* out = dw;
-  if (ps.krsc) {
+  if (bf16_) {
+    out = lowp_dw;
+  } else if (ps.krsc) {
     filter_copy_.reserve(p.filter_bytes());
     out = filter_copy_.data();
   }
@@ -596,20 +692,30 @@ void ConvEngine::backward_filter(Plan& p, const float* x, const float* dy, float
       handle_, &kOne, p.x.get(), x, p.y.get(), dy, ps.conv.get(),
       static_cast<cudnnConvolutionBwdFilterAlgo_t>(ps.algo), workspace_.data(), workspace_.bytes(),
       &kZero, ps.filter.get(), out));
-  if (ps.krsc)
+  if (bf16_)
+    kernels::filter_from_bf16(heap_.stream(), p.k, p.c, p.r * p.r,
+                              static_cast<const __nv_bfloat16*>(out), ps.krsc, dw);
+  else if (ps.krsc)
     DP_CUDNN_CHECK(
         cudnnTransformTensor(handle_, &kOne, p.w_nhwc.get(), out, &kZero, p.w_nchw.get(), dw));
 }
 
 // ---------------------------------------------------------------------------------------------
-// The Backend operations
+// The Backend operations. Each reserves the bf16 regions first (bf16 only): growing the arena
+// loses its contents.
 
 void ConvEngine::conv_forward(const ConvDesc& d, const float* src, const float* weight,
                               const float* bias, float* dst) {
   DP_CHECK(!d.bias || bias != nullptr,
            "conv_forward: the convolution has a bias but none is given");
   Plan& p = conv_plan(d);
-  in_context(p, [&] { forward(p, src, weight, dst, d.bias ? bias : nullptr, d.relu); });
+  in_context(p, [&] {
+    reserve_lowp(p);
+    const float* b = d.bias ? bias : nullptr;
+    const void* x = operand(p, Side::kX, src);
+    void* y = result(p, Side::kY, dst);
+    if (!forward(p, x, weight, y, b, d.relu)) epilogue(p.y_pixels(), p.k, y, dst, b, d.relu);
+  });
 }
 
 void ConvEngine::conv_backward(const ConvDesc& d, const float* src, const float* weight,
@@ -622,8 +728,16 @@ void ConvEngine::conv_backward(const ConvDesc& d, const float* src, const float*
     const cudaStream_t s = heap_.stream();
     if (d.relu) kernels::relu_backward(s, p.y_pixels() * p.k, dst, diff_dst, diff_dst);
     if (d.bias) kernels::bias_backward(s, p.y_pixels(), p.k, diff_dst, diff_bias);
-    if (diff_weight != nullptr) backward_filter(p, src, diff_dst, diff_weight);
-    if (diff_src != nullptr) backward_data(p, weight, diff_dst, diff_src);
+    if (diff_weight == nullptr && diff_src == nullptr) return;
+    reserve_lowp(p);
+    // One bf16 copy of the (masked) output gradient serves both passes.
+    const void* dy = operand(p, Side::kY, diff_dst);
+    if (diff_weight != nullptr) backward_filter(p, operand(p, Side::kX, src), dy, diff_weight);
+    if (diff_src != nullptr) {
+      void* dx = result(p, Side::kX, diff_src);
+      backward_data(p, weight, dy, dx);
+      epilogue(p.x_pixels(), p.c, dx, diff_src, nullptr, false);
+    }
   });
 }
 
@@ -631,12 +745,11 @@ void ConvEngine::deconv_forward(const DeconvDesc& d, const float* src, const flo
                                 const float* bias, float* dst) {
   Plan& p = deconv_plan(d);
   in_context(p, [&] {
-    backward_data(p, weight, src, dst);
-    const cudaStream_t s = heap_.stream();
-    if (bias != nullptr)
-      kernels::bias_relu(s, p.x_pixels(), p.c, bias, d.relu, dst);
-    else if (d.relu)
-      kernels::relu_forward(s, p.x_pixels() * p.c, dst, dst);
+    reserve_lowp(p);
+    const void* dy = operand(p, Side::kY, src);
+    void* dx = result(p, Side::kX, dst);
+    backward_data(p, weight, dy, dx);
+    epilogue(p.x_pixels(), p.c, dx, dst, bias, d.relu);
   });
 }
 
@@ -648,10 +761,18 @@ void ConvEngine::deconv_backward(const DeconvDesc& d, const float* src, const fl
     const cudaStream_t s = heap_.stream();
     if (d.relu) kernels::relu_backward(s, p.x_pixels() * p.c, dst, diff_dst, diff_dst);
     if (diff_bias != nullptr) kernels::bias_backward(s, p.x_pixels(), p.c, diff_dst, diff_bias);
+    if (diff_weight == nullptr && diff_src == nullptr) return;
+    reserve_lowp(p);
     // dW[cin, cout] = sum src[cin] * diff_dst[cout]: the convolution's filter gradient with its
-    // input x = diff_dst and its output gradient dy = src.
-    if (diff_weight != nullptr) backward_filter(p, diff_dst, src, diff_weight);
-    if (diff_src != nullptr) forward(p, diff_dst, weight, diff_src, nullptr, false);
+    // input x = diff_dst and its output gradient dy = src. One bf16 copy of diff_dst serves both.
+    const void* x = operand(p, Side::kX, diff_dst);
+    if (diff_weight != nullptr) backward_filter(p, x, operand(p, Side::kY, src), diff_weight);
+    if (diff_src != nullptr) {
+      // Written after the filter pass has read the Y region (one stream: in order).
+      void* y = result(p, Side::kY, diff_src);
+      forward(p, x, weight, y, nullptr, false);  // no bias: never fused
+      epilogue(p.y_pixels(), p.k, y, diff_src, nullptr, false);
+    }
   });
 }
 

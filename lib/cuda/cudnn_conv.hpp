@@ -90,6 +90,18 @@ class Arena {
 //
 // Bias and ReLU: fused by cudnnConvolutionBiasActivationForward in a convolution's forward pass
 // where cuDNN accepts it (falling back for good on a refusal), else kernels::bias_relu.
+//
+// bf16 (options.precision == kBFloat16): every cuDNN call runs on bf16 tensors and filters with
+// fp32 compute (the convolution descriptor's type CUDNN_DATA_FLOAT, tensor-op math; cuDNN's
+// PSEUDO_BFLOAT16_CONFIG, which wants x, w and y, or dx / dw, all bf16). Each call converts its
+// fp32 inputs (input, output gradient, weights, rounded to nearest even) into bf16 regions of
+// one arena that grows to the largest plan's need, and widens cuDNN's bf16 result into the fp32
+// output: the forward result with bias and ReLU (never the fused call), the data and filter
+// gradients as they are. So the results are rounded to bf16 once before they are widened, as
+// PyTorch's autocast (bf16 conv outputs and weight gradients) rounds them. KRSC filters are
+// converted (and filter gradients widened) in KRSC order directly. The bias gradient is the fp32
+// kernels::bias_backward on the fp32 output gradient. Algorithms are searched on the bf16
+// operands; fp32 and bf16 plans never mix (the precision is fixed per engine).
 class ConvEngine {
  public:
   // `workspace` is the backend's one convolution workspace arena: it grows to the largest chosen
@@ -118,12 +130,29 @@ class ConvEngine {
 
   Plan& conv_plan(const ConvDesc& d);
   Plan& deconv_plan(const DeconvDesc& d);
-  // y = x * w (cross-correlation), then + bias and ReLU when given.
-  void forward(Plan& p, const float* x, const float* w, float* y, const float* bias, bool relu);
-  void backward_data(Plan& p, const float* w, const float* dy, float* dx);
-  void backward_filter(Plan& p, const float* x, const float* dy, float* dw);
-  // The filter as the pass reads it: `w` itself, or its KRSC copy (made now) for a KRSC pass.
+
+  // The passes, on operands of the compute type: fp32 tensors, or (bf16) the bf16 regions that
+  // operand() / result() hand out. Weights and the filter gradient are always fp32, PyTorch
+  // layout. y = x * w (cross-correlation); with a bias (fp32 only) the bias and ReLU may be fused:
+  // true when they were, else epilogue() must follow.
+  bool forward(Plan& p, const void* x, const float* w, void* y, const float* bias, bool relu);
+  void backward_data(Plan& p, const float* w, const void* dy, void* dx);
+  void backward_filter(Plan& p, const void* x, const void* dy, float* dw);
+  // Operand x (the plan's input side, `Side::kX`) or y as a pass reads it: `t` itself, or (bf16)
+  // its bf16 copy, made now. result(): where a pass writes that side: `t`, or the bf16 region.
+  enum class Side { kX, kY };
+  const void* operand(Plan& p, Side side, const float* t);
+  void* result(Plan& p, Side side, float* t);
+  // out = act(r + bias) over pixels x c from a pass's result r (out itself in fp32, widened from
+  // the bf16 region in bf16); bias may be null (none), act is ReLU when relu.
+  void epilogue(int64_t pixels, int c, const void* r, float* out, const float* bias, bool relu);
+  // Grows the bf16 arena to the plan's three regions (bf16 only; at the start of each operation).
+  void reserve_lowp(const Plan& p);
+  // The filter as the pass reads it (after ensure): `w` itself, its KRSC copy (made now) for a
+  // KRSC pass, or (bf16) its bf16 copy in the pass's layout.
   const void* filter_for(Plan& p, int pass, const float* w);
+  // The filter for the algorithm search of a pass not chosen yet: `w`, or its bf16 copy.
+  const void* probe_filter(Plan& p, const float* w);
   // Chooses the pass's algorithm on its first use (x, w, y: the call's buffers; the pass's output
   // among them is overwritten).
   void ensure(Plan& p, int pass, const void* x, const void* w, const void* y);
@@ -133,8 +162,10 @@ class ConvEngine {
   DeviceHeap& heap_;
   Arena& workspace_;
   BackendOptions options_;
+  bool bf16_ = false;  // options_.precision == kBFloat16
   bool force_krsc_ = false;
-  Arena filter_copy_;  // the KRSC filter (or filter gradient) of the current call
+  Arena filter_copy_;  // the KRSC filter (or filter gradient) of the current call (fp32)
+  Arena lowp_;         // bf16: the x, filter and y regions of the current call
   std::map<PlanKey, std::unique_ptr<Plan>> conv_plans_;
   std::map<PlanKey, std::unique_ptr<Plan>> deconv_plans_;
 };

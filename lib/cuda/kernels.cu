@@ -155,6 +155,47 @@ __global__ void bias_backward_kernel(int64_t pixels, int c, const float* diff_ds
 }
 
 // ---------------------------------------------------------------------------------------------
+// bf16 conversions.
+
+__global__ void to_bf16_kernel(int64_t n, const float* src, __nv_bfloat16* dst) {
+  DP_GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+__global__ void from_bf16_kernel(int64_t n, const __nv_bfloat16* src, bool relu, float* dst) {
+  DP_GRID_STRIDE(i, n) {
+    const float v = __bfloat162float(src[i]);
+    dst[i] = relu ? fmaxf(v, 0.0f) : v;
+  }
+}
+
+__global__ void from_bf16_bias_kernel(int64_t pixels, int c, const __nv_bfloat16* src,
+                                      const float* bias, bool relu, float* dst) {
+  const int k = blockIdx.x * blockDim.x + threadIdx.x;
+  if (k >= c) return;
+  const float b = bias[k];
+  DP_PIXEL_STRIDE(int64_t, p, pixels) {
+    const float v = __bfloat162float(src[p * c + k]) + b;
+    dst[p * c + k] = relu ? fmaxf(v, 0.0f) : v;
+  }
+}
+
+// i runs over the [k, c, rs] elements; with krsc the bf16 side is [k, rs, c].
+__device__ int64_t krsc_index(int64_t i, int64_t c, int64_t rs) {
+  const int64_t q = i % rs, t = i / rs;
+  return (t / c * rs + q) * c + t % c;
+}
+
+__global__ void filter_to_bf16_kernel(int64_t n, int c, int rs, const float* src, bool krsc,
+                                      __nv_bfloat16* dst) {
+  DP_GRID_STRIDE(i, n) dst[krsc ? krsc_index(i, c, rs) : i] = __float2bfloat16_rn(src[i]);
+}
+
+__global__ void filter_from_bf16_kernel(int64_t n, int c, int rs, const __nv_bfloat16* src,
+                                        bool krsc, float* dst) {
+  DP_GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[krsc ? krsc_index(i, c, rs) : i]);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Batch norm.
 
 __global__ void batchnorm_stats_kernel(int64_t pixels, int c, const float* src, double* sums) {
@@ -588,6 +629,30 @@ void bias_backward(cudaStream_t s, int64_t pixels, int c, const float* diff_dst,
   if (c <= 0) return;
   zero(s, diff_bias, sizeof(float) * static_cast<size_t>(c));
   launch_channels(s, pixels, c, kReduceBlocks, bias_backward_kernel, diff_dst, diff_bias);
+}
+
+void to_bf16(cudaStream_t s, int64_t count, const float* src, __nv_bfloat16* dst) {
+  launch_1d(s, count, kMaxBlocks, to_bf16_kernel, src, dst);
+}
+
+void from_bf16(cudaStream_t s, int64_t pixels, int c, const __nv_bfloat16* src, const float* bias,
+               bool relu, float* dst) {
+  if (bias != nullptr)
+    launch_channels(s, pixels, c, kMaxBlocks, from_bf16_bias_kernel, src, bias, relu, dst);
+  else if (pixels > 0 && c > 0)
+    launch_1d(s, pixels * c, kMaxBlocks, from_bf16_kernel, src, relu, dst);
+}
+
+void filter_to_bf16(cudaStream_t s, int k, int c, int rs, const float* src, bool krsc,
+                    __nv_bfloat16* dst) {
+  if (k <= 0 || c <= 0 || rs <= 0) return;
+  launch_1d(s, int64_t{k} * c * rs, kMaxBlocks, filter_to_bf16_kernel, c, rs, src, krsc, dst);
+}
+
+void filter_from_bf16(cudaStream_t s, int k, int c, int rs, const __nv_bfloat16* src, bool krsc,
+                      float* dst) {
+  if (k <= 0 || c <= 0 || rs <= 0) return;
+  launch_1d(s, int64_t{k} * c * rs, kMaxBlocks, filter_from_bf16_kernel, c, rs, src, krsc, dst);
 }
 
 void batchnorm_stats(cudaStream_t s, const Shape& d, const float* src, double* sums) {

@@ -2,6 +2,7 @@
 // not a cuDNN call, same arguments as the Backend method after the stream.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -39,6 +40,23 @@ void sum_squares(cudaStream_t s, int64_t count, const float* src, double* result
 void bias_relu(cudaStream_t s, int64_t pixels, int c, const float* bias, bool relu, float* dst);
 // diff_bias[k] = sum over pixels of diff_dst[p, k] (overwritten).
 void bias_backward(cudaStream_t s, int64_t pixels, int c, const float* diff_dst, float* diff_bias);
+
+// bf16 operands of the bf16 convolutions (cudnn_conv.cpp). fp32 -> bf16 rounds to nearest even
+// (NaN stays NaN, values beyond bf16's range become +-inf); bf16 -> fp32 is exact.
+// dst = bf16(src).
+void to_bf16(cudaStream_t s, int64_t count, const float* src, __nv_bfloat16* dst);
+// dst[p, k] = act(float(src[p, k]) + bias[k]), NHWC with c channels over `pixels` rows; no bias
+// when bias is null, act = ReLU when relu, else the identity.
+void from_bf16(cudaStream_t s, int64_t pixels, int c, const __nv_bfloat16* src, const float* bias,
+               bool relu, float* dst);
+// A filter [k, c, r, s] (PyTorch's OIHW, rs = r * s) to bf16 in the same layout, or with krsc in
+// [k, r, s, c] (NHWC) order.
+void filter_to_bf16(cudaStream_t s, int k, int c, int rs, const float* src, bool krsc,
+                    __nv_bfloat16* dst);
+// The reverse: a bf16 filter in [k, c, r, s] order (or [k, r, s, c] with krsc) to fp32
+// [k, c, r, s].
+void filter_from_bf16(cudaStream_t s, int k, int c, int rs, const __nv_bfloat16* src, bool krsc,
+                      float* dst);
 
 // Batch norm (formulas in dp::Backend). sums: 2 C doubles, overwritten.
 void batchnorm_stats(cudaStream_t s, const Shape& d, const float* src, double* sums);

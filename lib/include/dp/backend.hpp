@@ -177,7 +177,15 @@ class Backend {
 void batchnorm_moments(const double* sums, int channels, double count, float eps, float* mean,
                        float* var, float* invstd);
 
-// The oneDNN backend (lib/cpu/). Threads follow OMP_NUM_THREADS.
-std::unique_ptr<Backend> make_cpu_backend();
+// The arithmetic of convolutions: fp32, or bf16 (as PyTorch's autocast: the input, the output
+// gradient and the weights are rounded to bf16 at each convolution, products accumulate in fp32,
+// outputs and gradients are fp32). Every other op, the master weights, the optimiser and all
+// reductions are fp32 in both.
+enum class Precision { kFloat32, kBFloat16 };
+
+// The oneDNN backend (lib/cpu/). Threads follow OMP_NUM_THREADS. bf16 needs AVX512-BF16 or AMX.
+std::unique_ptr<Backend> make_cpu_backend(Precision precision = Precision::kFloat32);
+// Empty when this CPU runs bf16 convolutions natively, else why not (for errors and test skips).
+std::string cpu_bf16_support();
 
 }  // namespace dp

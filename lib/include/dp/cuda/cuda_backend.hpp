@@ -15,6 +15,14 @@ struct BackendOptions {
   // fp32 convolutions may use TF32 tensor cores (cuDNN's default math); false forbids them
   // (CUDNN_FMA_MATH), for bitwise-stable comparisons with the CPU backend.
   bool tf32 = true;
+  // Convolution arithmetic (dp::Precision): bf16 rounds the input, the output gradient and the
+  // weights to bf16 at each convolution (cuDNN bf16 tensors, fp32 compute). cuDNN's results are
+  // bf16 too (it has no bf16-in, fp32-out convolution), so the output, the data gradient and the
+  // weight gradient are rounded to bf16 once before they are widened into the fp32 tensors (as
+  // PyTorch's autocast, whose conv outputs and weight gradients are bf16); bias and ReLU are
+  // applied in fp32 after, the bias gradient is fp32 throughout. Needs compute capability 8.0+
+  // (make_cuda_backend throws otherwise); tf32 does not apply.
+  Precision precision = Precision::kFloat32;
   // Only deterministic cuDNN algorithms (no atomics in backward filter/data).
   bool deterministic = false;
   // The largest convolution workspace an algorithm may ask for; the arena grows to the largest
@@ -28,7 +36,7 @@ struct BackendOptions {
 class CudaBackend : public Backend {
  public:
   virtual cudaStream_t stream() const = 0;
-  virtual size_t allocated_bytes() const = 0;  // device bytes held now (tensors + workspace)
+  virtual size_t allocated_bytes() const = 0;  // device bytes held now (tensors and scratch)
   virtual size_t peak_bytes() const = 0;       // the most ever held at once
   virtual size_t workspace_bytes() const = 0;  // the convolution workspace arena
 };
