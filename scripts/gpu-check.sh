@@ -12,10 +12,11 @@
 #
 # 1. A GPU must be visible (nvidia-smi, CUDA_VISIBLE_DEVICES), else exit 1 before building.
 # 2. scripts/install-deps.sh (system packages; a failure only warns: CMake names what is missing).
-# 3. Configure the cuda-release preset; build only the GPU tests and bench_gpu_throughput.
+# 3. Configure the cuda-release preset; build only the GPU tests, bench_gpu_throughput, dptrain.
 # 4. Run test_cuda, test_cuda_backend (every CUDA op and a training step of each model against
 #    the CPU backend) and the NCCL reducer test (ctest: 1 and 2 ranks; 2 skip on one GPU).
-# 5. Benchmark unet16 at 448x448 in fp32 with TF32 on; bf16 only if the benchmark has --precision.
+#    Then dptrain --device cuda end to end (2 epochs, a resumed third) on the synthetic default.
+# 5. Benchmark unet16 at 448x448 in fp32 with TF32 on, and with bf16 convolutions.
 # 6. Print a summary: GPU, tests passed/failed/skipped, img/s, peak memory (logs in
 #    <build>/gpu-check/).
 # Exit status 0 only if everything was built and every test passed. Meant to take well under 8
@@ -104,7 +105,7 @@ if ! cmake --preset cuda-release -B "$BUILD" ${arch:+-DCMAKE_CUDA_ARCHITECTURES=
   print_summary
   exit 1
 fi
-targets=(test_cuda test_cuda_backend test_nccl_reducer_mpi bench_gpu_throughput)
+targets=(test_cuda test_cuda_backend test_nccl_reducer_mpi bench_gpu_throughput dptrain)
 say "building ${targets[*]} with $JOBS jobs"
 if ! cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" >"$LOGS/build.log" 2>&1; then
   fail "build"
@@ -158,6 +159,29 @@ else
   tail_log "$LOGS/nccl.log"
   summary+=("test_nccl_reducer_mpi: FAILED: $(grep -E 'tests passed' "$LOGS/nccl.log" |
     tail -n 1)")
+fi
+
+# ---- 4b. dptrain end to end on the GPU ----------------------------------------------------------
+# The embedded default's synthetic data, one rank per visible GPU (at most 2): 2 epochs, then a
+# third resumed from the epoch-2 checkpoint (checkpoints staged through host memory, NCCL
+# gradients, the batch uploader).
+ngpu=$(wc -l <<<"$gpu_list")
+((ngpu > 2)) && ngpu=2
+run_dir="$LOGS/dptrain-run"
+rm -rf "$run_dir"
+say "running dptrain --device cuda on $ngpu rank(s): 2 epochs, then a resumed third"
+dptrain_cmd=(bash scripts/mpirun.sh -np "$ngpu" "$BUILD/app/dptrain" --device cuda
+  --model-dir "$run_dir" --log-every 1000)
+if timeout 300 "${dptrain_cmd[@]}" --epochs 2 >"$LOGS/dptrain.log" 2>&1 &&
+  timeout 300 "${dptrain_cmd[@]}" --epochs 3 >>"$LOGS/dptrain.log" 2>&1 &&
+  grep -q "resumed from epoch 2" "$LOGS/dptrain.log"; then
+  add "dptrain --device cuda ($ngpu rank(s)): 2 epochs + resumed 3rd ok;" \
+    "$(grep -E 'GPU memory' "$LOGS/dptrain.log" | head -n 1 | sed 's/.*GPU memory: //')," \
+    "last epoch: $(grep -E 'epoch 3/3 ' "$LOGS/dptrain.log" | tail -n 1 | sed 's/.*epoch 3/epoch 3/' | cut -c1-110)"
+else
+  fail "dptrain --device cuda"
+  tail_log "$LOGS/dptrain.log"
+  add "dptrain --device cuda: FAILED ($LOGS/dptrain.log)"
 fi
 
 # ---- 5. Benchmark --------------------------------------------------------------------------------
@@ -214,13 +238,7 @@ benchmark() {
 }
 
 benchmark fp32
-if "$BENCH" --help 2>/dev/null | grep -q -- '--precision'; then
-  benchmark bf16
-else
-  say "bf16 benchmark skipped: bench_gpu_throughput has no --precision option"
-  add "bf16: skipped (bench_gpu_throughput has no --precision option; the CUDA backend" \
-    "computes in fp32, TF32 allowed)"
-fi
+benchmark bf16
 
 print_summary
 ((${#failures[@]} == 0))

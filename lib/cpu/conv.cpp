@@ -2,6 +2,8 @@
 // NHWC activations end to end, weights in PyTorch's layout reordered into oneDNN's choice.
 #include "onednn.hpp"
 
+#include <algorithm>
+
 namespace dp::cpu {
 namespace {
 
@@ -71,9 +73,8 @@ std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const D
   p->w_bwd.init(eng, user_w_md, bwd_data_pd.weights_desc());
   p->diff_w_user.init(user_w_md, eng);
   p->diff_w_reorder = bwd_w_pd.diff_weights_desc() != user_w_md;
-  const memory& dw = p->diff_w_reorder
-                         ? (p->diff_w_internal = memory(bwd_w_pd.diff_weights_desc(), eng))
-                         : p->diff_w_user.mem;
+  if (p->diff_w_reorder) p->diff_w_internal.init(bwd_w_pd.diff_weights_desc(), eng);
+  const memory& dw = p->diff_w_reorder ? p->diff_w_internal.mem : p->diff_w_user.mem;
 
   p->fwd = Exec(Fwd(fwd_pd));
   p->fwd.arg(DNNL_ARG_SRC, p->src_lowp.mem)
@@ -115,39 +116,47 @@ std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const D
 
 }  // namespace
 
+size_t ConvPrims::weight_scratch_bytes() const {
+  const size_t dw = diff_w_reorder ? diff_w_internal.mem.get_desc().get_size() : 0;
+  return std::max({w_fwd.scratch_bytes(), w_bwd.scratch_bytes(), dw});
+}
+
 void ConvPrims::forward(dnnl::stream& s, const float* x, const float* w, const float* b, float* y,
-                        void* lowp_scratch) {
+                        const Scratch& scratch) {
   src.at(x);
   if (lowp) {
-    src_lowp.at(lowp_scratch);
+    src_lowp.at(scratch.lowp);
     src_to_lowp.run(s);
   }
   dst.at(y);
   if (has_bias) bias.at(b);
-  w_fwd.prepare(s, w);
+  w_fwd.prepare(s, w, scratch.weights);
   fwd.run(s);
   s.wait();
 }
 
 void ConvPrims::backward(dnnl::stream& s, const float* x, const float* w, const float* y, float* dy,
-                         float* dx, float* dw, float* db, void* lowp_scratch) {
+                         float* dx, float* dw, float* db, const Scratch& scratch) {
   src.at(x);
   dst.at(y);
   diff_dst.at(dy);
   if (relu) relu_bwd.run(s);
   if (lowp) {  // the bf16 copies: input (again: layers of one shape share these primitives)
-    src_lowp.at(lowp_scratch);
-    diff_dst_lowp.at(static_cast<char*>(lowp_scratch) + src_lowp_bytes);
+    src_lowp.at(scratch.lowp);
+    diff_dst_lowp.at(static_cast<char*>(scratch.lowp) + src_lowp_bytes);
     src_to_lowp.run(s);
     diff_dst_to_lowp.run(s);
   }
+  // The weight gradient (through the weight scratch), then the data gradient (whose reordered
+  // weights reuse that scratch once the gradient is out of it).
   diff_w_user.at(dw);
+  if (diff_w_reorder) diff_w_internal.at(scratch.weights);
   if (has_bias) diff_bias.at(db);
   bwd_weights.run(s);
   if (diff_w_reorder) diff_w_to_user.run(s);
   if (dx != nullptr) {
     diff_src.at(dx);
-    w_bwd.prepare(s, w);
+    w_bwd.prepare(s, w, scratch.weights);
     bwd_data.run(s);
   }
   s.wait();

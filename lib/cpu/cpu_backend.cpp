@@ -75,26 +75,28 @@ class CpuBackend final : public Backend {
 
   void conv_forward(const ConvDesc& d, const float* src, const float* weight, const float* bias,
                     float* dst) override {
-    conv(d).forward(stream_, src, weight, bias, dst, lowp_scratch_.data());
+    cpu::ConvPrims& p = conv(d);  // first: it may grow the scratch
+    p.forward(stream_, src, weight, bias, dst, scratch());
   }
 
   void conv_backward(const ConvDesc& d, const float* src, const float* weight, const float* dst,
                      float* diff_dst, float* diff_src, float* diff_weight,
                      float* diff_bias) override {
-    conv(d).backward(stream_, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias,
-                     lowp_scratch_.data());
+    cpu::ConvPrims& p = conv(d);
+    p.backward(stream_, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias, scratch());
   }
 
   void deconv_forward(const DeconvDesc& d, const float* src, const float* weight, const float* bias,
                       float* dst) override {
-    deconv(d).forward(stream_, src, weight, bias, dst, lowp_scratch_.data());
+    cpu::ConvPrims& p = deconv(d);
+    p.forward(stream_, src, weight, bias, dst, scratch());
   }
 
   void deconv_backward(const DeconvDesc& d, const float* src, const float* weight, const float* dst,
                        float* diff_dst, float* diff_src, float* diff_weight,
                        float* diff_bias) override {
-    deconv(d).backward(stream_, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias,
-                       lowp_scratch_.data());
+    cpu::ConvPrims& p = deconv(d);
+    p.backward(stream_, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias, scratch());
   }
 
   void relu_forward(int64_t count, const float* src, float* dst) override {
@@ -477,11 +479,16 @@ class CpuBackend final : public Backend {
     return *slot;
   }
 
-  // New primitives (first use of a shape) may need more bf16 scratch: it grows then, never in a
-  // step that only reuses primitives.
+  // New primitives (first use of a shape) may need more scratch: it grows then, never in a step
+  // that only reuses primitives.
   std::unique_ptr<cpu::ConvPrims> with_scratch(std::unique_ptr<cpu::ConvPrims> p) {
     if (p->lowp_bytes() > lowp_scratch_.bytes()) lowp_scratch_ = Buffer(p->lowp_bytes());
+    if (p->weight_scratch_bytes() > weight_scratch_.bytes())
+      weight_scratch_ = Buffer(p->weight_scratch_bytes());
     return p;
+  }
+  cpu::Scratch scratch() const {
+    return {weight_scratch_.data(), lowp_scratch_.data()};
   }
 
   EltwiseEntry& relu(int64_t count) {
@@ -512,8 +519,9 @@ class CpuBackend final : public Backend {
 
   dnnl::engine eng_;
   dnnl::stream stream_;
-  bool bf16_ = false;    // convolutions on bf16 copies of inputs, gradients and weights
-  Buffer lowp_scratch_;  // those copies (one convolution's at a time)
+  bool bf16_ = false;      // convolutions on bf16 copies of inputs, gradients and weights
+  Buffer lowp_scratch_;    // those copies (one convolution's at a time)
+  Buffer weight_scratch_;  // weights (or their gradient) in oneDNN's layout, one layer's at a time
   std::vector<float> scratch_a_, scratch_b_;  // per-channel values, sized on first use
   std::map<decltype(conv_key(ConvDesc{})), std::unique_ptr<cpu::ConvPrims>> conv_cache_;
   std::map<decltype(deconv_key(DeconvDesc{})), std::unique_ptr<cpu::ConvPrims>> deconv_cache_;

@@ -64,11 +64,11 @@ class Exec {
   std::vector<dnnl_exec_arg_t> args_;
 };
 
-// Weights kept in PyTorch's layout; when a primitive prefers another layout it gets a private
-// copy, reordered on each prepare() by a reorder built once.
+// Weights kept in PyTorch's layout; when a primitive prefers another layout (or bf16) it reads a
+// copy, reordered on each prepare() by a reorder built once into the caller's scratch memory
+// (shared by all layers: the copy is only needed while the primitive runs).
 struct WeightsIn {
-  Bound user;
-  memory internal;
+  Bound user, internal;
   Exec reorder;
   bool needs_reorder = false;
 
@@ -76,38 +76,50 @@ struct WeightsIn {
     user.init(user_md, eng);
     needs_reorder = want != user_md;
     if (needs_reorder) {
-      internal = memory(want, eng);
-      reorder = Exec(dnnl::reorder(user.mem, internal));
-      reorder.arg(DNNL_ARG_FROM, user.mem).arg(DNNL_ARG_TO, internal);
+      internal.init(want, eng);
+      reorder = Exec(dnnl::reorder(user.mem, internal.mem));
+      reorder.arg(DNNL_ARG_FROM, user.mem).arg(DNNL_ARG_TO, internal.mem);
     }
   }
+  size_t scratch_bytes() const { return needs_reorder ? internal.mem.get_desc().get_size() : 0; }
   // The memory the primitive reads (fixed once init() ran).
-  const memory& active() const { return needs_reorder ? internal : user.mem; }
-  void prepare(const dnnl::stream& s, const float* p) {
+  const memory& active() const { return needs_reorder ? internal.mem : user.mem; }
+  void prepare(const dnnl::stream& s, const float* p, void* scratch) {
     user.at(p);
-    if (needs_reorder) reorder.run(s);
+    if (needs_reorder) {
+      internal.at(scratch);
+      reorder.run(s);
+    }
   }
 };
 
 // Forward, backward-data and backward-weights of a convolution or transposed convolution with
 // optional bias and fused ReLU, all bound to their arguments once.
 // With bf16 compute the primitives read bf16 copies of the input and of the output gradient
-// (converted into the caller's `lowp` scratch, lowp_bytes() of it) and bf16 weights (converted
-// with the weight reorder); they accumulate in fp32 and write fp32 outputs and gradients.
+// (converted into `lowp` scratch) and bf16 weights (converted with the weight reorder); they
+// accumulate in fp32 and write fp32 outputs and gradients.
+// Scratch memory comes from the caller, shared by every layer: `weights` (weight_scratch_bytes():
+// the reordered weights, or the weight gradient in oneDNN's layout before its reorder back) and
+// `lowp` (lowp_bytes(), bf16 only).
+struct Scratch {
+  void* weights = nullptr;
+  void* lowp = nullptr;
+};
+
 struct ConvPrims {
   Exec fwd, bwd_data, bwd_weights, relu_bwd, diff_w_to_user, src_to_lowp, diff_dst_to_lowp;
-  Bound src, dst, bias, diff_dst, diff_src, diff_bias, diff_w_user;
+  Bound src, dst, bias, diff_dst, diff_src, diff_bias, diff_w_user, diff_w_internal;
   Bound src_lowp, diff_dst_lowp;  // bf16 compute only
   WeightsIn w_fwd, w_bwd;
-  memory diff_w_internal;
   bool diff_w_reorder = false, relu = false, has_bias = false, lowp = false;
   size_t src_lowp_bytes = 0, dst_lowp_bytes = 0;
 
   size_t lowp_bytes() const { return src_lowp_bytes + dst_lowp_bytes; }
+  size_t weight_scratch_bytes() const;
   void forward(dnnl::stream& s, const float* x, const float* w, const float* b, float* y,
-               void* lowp_scratch);
+               const Scratch& scratch);
   void backward(dnnl::stream& s, const float* x, const float* w, const float* y, float* dy,
-                float* dx, float* dw, float* db, void* lowp_scratch);
+                float* dx, float* dw, float* db, const Scratch& scratch);
 };
 
 std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d, bool bf16);
