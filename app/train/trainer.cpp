@@ -352,7 +352,9 @@ void Trainer::setup_device() {
 std::unique_ptr<mpi::GradReducer> Trainer::make_reducer(const mpi::ReducerOptions& ro) {
 #ifdef DP_WITH_CUDA
   if (device_->backend != nullptr) {
-    device_->nccl = std::make_unique<mpi::NcclComm>(dynamic_cast<mpi::MpiComm&>(comm_));
+    auto* mpi_comm = dynamic_cast<mpi::MpiComm*>(&comm_);
+    DP_CHECK(mpi_comm != nullptr, "--device cuda: the NCCL reducer needs an MPI communicator");
+    device_->nccl = std::make_unique<mpi::NcclComm>(*mpi_comm);
     return mpi::make_nccl_grad_reducer(*device_->nccl, model_->params(), model_->params().grads(),
                                        device_->backend->stream(), ro);
   }

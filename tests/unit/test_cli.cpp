@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "dp/backend.hpp"
 #include "test_util.hpp"
 
 namespace dp {
@@ -46,6 +47,23 @@ TEST_F(Cli, BadOptionValueIsOneLineAndExit2) {
       m.output.find("unknown --model 'unet99' (known: unet16, unet_resnet34, unet_resnet101)"),
       std::string::npos)
       << m.output;
+  const auto p = test::run_command(dptrain(2, common() + " --precision fp16"));
+  EXPECT_EQ(p.status, 2) << p.output;
+  EXPECT_EQ(count(p.output, "dptrain: error: --precision must be fp32 or bf16, got 'fp16'"), 1)
+      << p.output;
+}
+
+// --precision bf16 trains (and says so) where the CPU has bf16, else stops with the reason.
+TEST_F(Cli, Bf16PrecisionTrainsOrNamesWhatIsMissing) {
+  const auto r = test::run_command(dptrain(2, common() + " --epochs 1 --precision bf16"));
+  if (dp::cpu_bf16_support().empty()) {
+    EXPECT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("bf16 convolutions"), std::string::npos) << r.output;
+  } else {
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_EQ(count(r.output, "dptrain: error:"), 1) << r.output;
+    EXPECT_NE(r.output.find("AVX512-BF16"), std::string::npos) << r.output;
+  }
 }
 
 TEST_F(Cli, MissingDataFileNamesThePath) {
