@@ -15,6 +15,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bf16_util.hpp"
 #include "dp/backend.hpp"
 #include "dp/buffer.hpp"
 #include "dp/cuda/cuda_backend.hpp"
@@ -309,22 +310,6 @@ TEST_F(CudaVsCpu, ConvolutionWithTf32OnAndOff) {
                true, true, kTf32Tol, 301);
 }
 
-// Round to the nearest bf16 (ties to even), as the f32 -> bf16 conversions of cuDNN and oneDNN.
-float to_bf16(float x) {
-  uint32_t bits = 0;
-  std::memcpy(&bits, &x, sizeof bits);
-  bits += 0x7FFFu + ((bits >> 16) & 1u);
-  bits &= 0xFFFF0000u;
-  float r = 0;
-  std::memcpy(&r, &bits, sizeof r);
-  return r;
-}
-
-Vec rounded(Vec v) {
-  for (float& x : v) x = to_bf16(x);
-  return v;
-}
-
 // Precision::kBFloat16: a bf16 convolution equals an fp32 one of the bf16-rounded input, weights
 // and output gradient (forward, backward data, backward weights; no ReLU, whose mask would
 // follow the output's rounding), and differs from the unrounded fp32 result (bf16 was used).
@@ -333,7 +318,8 @@ void compare_bf16(const std::string& name, Backend& cpu, Backend& gpu_bf16, cons
                   bool bias, uint64_t seed) {
   const int64_t weight_count = int64_t{d.cin} * d.cout * d.kernel * d.kernel;
   const ConvInputs in = conv_inputs(d.src(), d.dst(), weight_count, d.cout, seed);
-  const ConvInputs in_rounded{rounded(in.src), rounded(in.weight), in.bias, rounded(in.diff_dst)};
+  const ConvInputs in_rounded{test::rounded_to_bf16(in.src), test::rounded_to_bf16(in.weight),
+                              in.bias, test::rounded_to_bf16(in.diff_dst)};
   const Vec ref = conv_forward(cpu, d, in_rounded, bias);
   const Vec dst = conv_forward(gpu_bf16, d, in, bias);
   expect_close(name + " dst", ref, dst, kBf16Tol);

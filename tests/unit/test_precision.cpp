@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "bf16_util.hpp"
 #include "dp/backend.hpp"
 #include "dp/model.hpp"
 #include "dp/optim.hpp"
@@ -27,22 +28,6 @@ Vec random_vec(size_t n, uint64_t seed) {
   Rng rng(key(seed, 777));
   Vec v(n);
   for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
-  return v;
-}
-
-// Round to the nearest bf16 (ties to even), as oneDNN's f32 -> bf16 conversion does.
-float to_bf16(float x) {
-  uint32_t bits = 0;
-  std::memcpy(&bits, &x, sizeof bits);
-  bits += 0x7FFFu + ((bits >> 16) & 1u);
-  bits &= 0xFFFF0000u;
-  float r = 0;
-  std::memcpy(&r, &bits, sizeof r);
-  return r;
-}
-
-Vec rounded(Vec v) {
-  for (float& x : v) x = to_bf16(x);
   return v;
 }
 
@@ -76,7 +61,8 @@ TEST_P(Bf16Conv, EqualsFp32OnRoundedOperands) {
   const size_t w_n = size_t(d.cout) * size_t(d.cin) * size_t(d.kernel) * size_t(d.kernel);
   const Vec x = random_vec(src_n, 1), w = random_vec(w_n, 2), b = random_vec(size_t(d.cout), 3);
   const Vec dy = random_vec(dst_n, 4);
-  const Vec xr = rounded(x), wr = rounded(w), dyr = rounded(dy);
+  const Vec xr = test::rounded_to_bf16(x), wr = test::rounded_to_bf16(w),
+            dyr = test::rounded_to_bf16(dy);
 
   Vec y_lo(dst_n), y_ref(dst_n), y_full(dst_n);
   bf16->conv_forward(d, x.data(), w.data(), b.data(), y_lo.data());
@@ -128,7 +114,7 @@ TEST(Bf16Deconv, EqualsFp32OnRoundedOperands) {
   const Vec x = random_vec(src_n, 5), w = random_vec(w_n, 6), b = random_vec(size_t(d.cout), 7);
   Vec y_lo(dst_n), y_ref(dst_n);
   bf16->deconv_forward(d, x.data(), w.data(), b.data(), y_lo.data());
-  const Vec xr = rounded(x), wr = rounded(w);
+  const Vec xr = test::rounded_to_bf16(x), wr = test::rounded_to_bf16(w);
   fp32->deconv_forward(d, xr.data(), wr.data(), b.data(), y_ref.data());
   EXPECT_LT(rel_diff(y_lo, y_ref), 1e-5);
 }
