@@ -182,7 +182,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "accumulation-steps", po::value(&o.accumulation_steps)->default_value(1),
       "micro-batches of --batch-size per optimiser step (one all-reduce per step)")(
       "allow-gpu-sharing", po::bool_switch(&o.allow_gpu_sharing),
-      "allow more ranks per node than visible GPUs")(
+      "allow more ranks per node than visible GPUs (GPU selection only: NCCL training still "
+      "needs one GPU per rank)")(
       "check-sync-every", po::value(&o.check_sync_every)->default_value(0),
       "compare a hash of the parameters over ranks every N steps (0: never)");
   // Benchmark-only switches: parsed, not shown by --help.

@@ -312,8 +312,10 @@ void Trainer::on_root(const char* what, F&& fn) {
 struct Trainer::DeviceState {
 #ifdef DP_WITH_CUDA
   cuda::CudaBackend* backend = nullptr;
-  std::unique_ptr<mpi::NcclComm> nccl;
+  // Destroyed first: the communicator (aborted if a failure is unwinding), then the uploader,
+  // which waits for the streams.
   std::unique_ptr<cuda::BatchUploader> uploader;
+  std::unique_ptr<mpi::NcclComm> nccl;
 #endif
 };
 
@@ -401,14 +403,19 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
       const int visible = cuda::visible_device_count();
       if (visible > 0)  // else select_device says why none is visible
         gpu_for_rank(comm_.local_rank(), comm_.local_size(), visible, opt_.allow_gpu_sharing);
+      cuda::DeviceInfo d;
       try {
-        const cuda::DeviceInfo d =
-            cuda::select_device(comm_.local_rank(), comm_.local_size(), opt_.allow_gpu_sharing);
-        log_.info("device: GPU ", d.ordinal, " of ", d.visible_count, " (", d.name, ", ",
-                  d.pci_bus_id, d.shared ? ", shared with other ranks" : "", ")");
+        d = cuda::select_device(comm_.local_rank(), comm_.local_size(), opt_.allow_gpu_sharing);
       } catch (const Error& e) {
         throw UsageError(str_cat("--device cuda: ", e.what()));
       }
+      log_.info("device: GPU ", d.ordinal, " of ", d.visible_count, " (", d.name, ", ",
+                d.pci_bus_id, d.shared ? ", shared with other ranks" : "", ")");
+      if (d.shared && comm_.size() > 1)  // NCCL refuses two ranks of a communicator on a GPU
+        throw UsageError(str_cat("--device cuda: ", comm_.local_size(),
+                                 " ranks on this node share ", d.visible_count,
+                                 " GPU(s), but the NCCL reducer needs one GPU per rank; start "
+                                 "one rank per GPU (or a single rank)"));
     });
   }
 #else

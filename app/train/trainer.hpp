@@ -115,10 +115,13 @@ class Trainer {
   TrainProgress progress_;  // rank 0: bar on a terminal, or a line every --log-every steps
   std::string data_path_;
   std::unique_ptr<Backend> backend_;
-  struct DeviceState;  // --device cuda: NCCL communicator, batch uploader
-  std::unique_ptr<DeviceState> device_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<Optimizer> optim_;           // --optimizer: SGD or AdamW
+  std::unique_ptr<Optimizer> optim_;  // --optimizer: SGD or AdamW
+  // --device cuda: NCCL communicator, batch uploader. Destroyed before the model's and the
+  // optimiser's device memory: freeing memory waits for the device, so after a failure the NCCL
+  // communicator must be aborted first (NcclComm does that while an exception unwinds).
+  struct DeviceState;
+  std::unique_ptr<DeviceState> device_;
   std::unique_ptr<mpi::GradReducer> reducer_;  // sums gradients over ranks during backward
   // DP_TEST_FAIL_AT=rank:step (tests of the failure semantics): that rank throws in that step.
   int fail_rank_ = -1;

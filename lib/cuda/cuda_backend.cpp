@@ -96,7 +96,10 @@ class Staging {
   }
 
   // A device slot for results (or for inputs an op does not read); fetch() brings it back.
-  void* scratch(size_t bytes) { return device_ + reserve(bytes); }
+  void* scratch(size_t bytes) {
+    const size_t slot = reserve(bytes);  // first: it may move device_
+    return device_ + slot;
+  }
 
   // Copies `bytes` from a slot of this staging buffer to `host` once the queued work is done.
   void fetch(const void* slot, void* host, size_t bytes) {
