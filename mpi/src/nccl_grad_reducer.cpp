@@ -69,9 +69,15 @@ class NcclGradReducer final : public GradReducer {
     ready_.record(compute_);
     ready_.wait_on(stream_.get());
     DP_NCCL_CHECK(ncclGroupStart());
-    for (int b = first; b < last; ++b) {
-      const Bucket& bucket = plan_.buckets()[static_cast<size_t>(b)];
-      nccl_.allreduce_sum(grads_ + bucket.begin, static_cast<size_t>(bucket.size()), stream_.get());
+    try {
+      for (int b = first; b < last; ++b) {
+        const Bucket& bucket = plan_.buckets()[static_cast<size_t>(b)];
+        nccl_.allreduce_sum(grads_ + bucket.begin, static_cast<size_t>(bucket.size()),
+                            stream_.get());
+      }
+    } catch (...) {
+      (void)ncclGroupEnd();  // never leave the group open: the communicator is aborted later
+      throw;
     }
     DP_NCCL_CHECK(ncclGroupEnd());
   }
