@@ -365,14 +365,13 @@ std::unique_ptr<mpi::GradReducer> Trainer::make_reducer(const mpi::ReducerOption
 }
 
 Trainer::BatchTensors Trainer::to_backend(const data::Batch& b) {
-  const size_t pixels = size_t(b.n) * size_t(height_) * size_t(width_);
 #ifdef DP_WITH_CUDA
   if (device_->uploader) {
+    const size_t pixels = size_t(b.n) * size_t(height_) * size_t(width_);
     const auto up = device_->uploader->upload(b.images, pixels * kImageChannels, b.masks, pixels);
     return {up.images, up.masks};
   }
 #endif
-  (void)pixels;
   return {b.images, b.masks};
 }
 
@@ -671,14 +670,11 @@ void Trainer::restore_or_init() {
     comm_.broadcast(store->host_values(), size_t(store->arena_size()) * sizeof(float), 0);
     store->upload();
   }
-  DeviceMemory* const device = backend_->device_memory();
-  std::vector<float> stage(device != nullptr ? size_t(ps.arena_size()) : 0);
   for (const StateArena& arena : optim_->state()) {
-    const size_t bytes = size_t(ps.arena_size()) * sizeof(float);
-    float* host = device != nullptr ? stage.data() : arena.data;
-    if (device != nullptr) device->download(host, arena.data, bytes);
-    comm_.broadcast(host, bytes, 0);
-    if (device != nullptr) device->upload(arena.data, host, bytes);
+    HostArena host(ps, arena.data);
+    host.fetch();
+    comm_.broadcast(host.data(), host.bytes(), 0);
+    host.store();
   }
   std::vector<double> packed = pack(state_);
   int64_t length = int64_t(packed.size());

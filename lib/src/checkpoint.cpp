@@ -54,30 +54,6 @@ std::string hex(uint64_t v) {
   return buf;
 }
 
-// An arena of `params`' layout (its values, or optimiser state) where the host can read or write
-// it: the arena itself for host stores, else `stage`, filled by download (fetch) or to be
-// uploaded by store().
-class HostArena {
- public:
-  HostArena(const ParamStore& params, const float* arena)
-      : device_(params.value_buffer().device()), arena_(const_cast<float*>(arena)) {
-    if (device_ != nullptr) stage_.resize(static_cast<size_t>(params.arena_size()));
-  }
-  float* data() { return device_ != nullptr ? stage_.data() : arena_; }
-  void fetch() {
-    if (device_ != nullptr) device_->download(stage_.data(), arena_, bytes());
-  }
-  void store() {
-    if (device_ != nullptr) device_->upload(arena_, stage_.data(), bytes());
-  }
-
- private:
-  size_t bytes() const { return stage_.size() * sizeof(float); }
-  DeviceMemory* device_;
-  float* arena_;
-  std::vector<float> stage_;
-};
-
 // Views sorted by name: the order of datasets in the file and in the checksum.
 std::vector<const ParamView*> by_name(const ParamStore& params) {
   std::vector<const ParamView*> v;

@@ -100,4 +100,19 @@ void ParamStore::init_pytorch_default(uint64_t seed) {
   upload();
 }
 
+HostArena::HostArena(const ParamStore& params, const float* arena)
+    : device_(params.value_buffer().device()),
+      arena_(const_cast<float*>(arena)),
+      floats_(params.arena_size()) {
+  if (device_ != nullptr) stage_.resize(static_cast<size_t>(floats_));
+}
+
+void HostArena::fetch() {
+  if (device_ != nullptr) device_->download(stage_.data(), arena_, bytes());
+}
+
+void HostArena::store() {
+  if (device_ != nullptr) device_->upload(arena_, stage_.data(), bytes());
+}
+
 }  // namespace dp

@@ -69,4 +69,22 @@ class ParamStore {
   bool finalized_ = false;
 };
 
+// An arena of `params`' layout (its values, or optimiser state) where the host can read or write
+// it (checkpoints, the start-up broadcast): the arena itself for host stores, else a host copy,
+// filled by fetch() (download) and written back by store() (upload).
+class HostArena {
+ public:
+  HostArena(const ParamStore& params, const float* arena);
+  float* data() { return device_ != nullptr ? stage_.data() : arena_; }
+  size_t bytes() const { return size_t(floats_) * sizeof(float); }
+  void fetch();
+  void store();
+
+ private:
+  DeviceMemory* device_;
+  float* arena_;
+  int64_t floats_;
+  std::vector<float> stage_;
+};
+
 }  // namespace dp
