@@ -332,6 +332,7 @@ std::unique_ptr<Backend> Trainer::make_backend(bool use_gpu) {
   bo.tf32 = opt_.tf32;
   bo.deterministic = opt_.deterministic;
   bo.precision = precision;
+  bo.log = log_;  // a bf16 convolution shape that runs in fp32
   auto backend = cuda::make_cuda_backend(bo);
   device_->backend = backend.get();
   return backend;
@@ -356,7 +357,24 @@ std::unique_ptr<mpi::GradReducer> Trainer::make_reducer(const mpi::ReducerOption
   if (device_->backend != nullptr) {
     auto* mpi_comm = dynamic_cast<mpi::MpiComm*>(&comm_);
     DP_CHECK(mpi_comm != nullptr, "--device cuda: the NCCL reducer needs an MPI communicator");
-    device_->nccl = std::make_unique<mpi::NcclComm>(*mpi_comm);
+    // NcclComm agrees over MPI on every failure before its collective ncclCommInitRank: the
+    // ranks that failed throw their error, the others NcclPeerFailed, and collectively() reports
+    // the lowest failed rank's error. A failure inside that call leaves the peers in it, which
+    // they cannot leave: that rank reports it and ends the job at once.
+    collectively([&] {
+      try {
+        device_->nccl = std::make_unique<mpi::NcclComm>(*mpi_comm);
+      } catch (const mpi::NcclPeerFailed&) {
+        // Not this rank's failure: collectively() fails here too, with the failed rank's error.
+      } catch (const mpi::NcclInitError& e) {
+        std::fprintf(stderr,
+                     "dptrain: error: [rank %d] %s (the other ranks cannot leave "
+                     "ncclCommInitRank: ending the job)\n",
+                     comm_.rank(), e.what());
+        std::fflush(stderr);
+        mpi::Env::abort(1);
+      }
+    });
     return mpi::make_nccl_grad_reducer(*device_->nccl, model_->params(), model_->params().grads(),
                                        device_->backend->stream(), ro);
   }

@@ -175,6 +175,8 @@ class CudaBackendImpl final : public CudaBackend {
   size_t allocated_bytes() const override { return heap_.allocated(); }
   size_t peak_bytes() const override { return heap_.peak(); }
   size_t workspace_bytes() const override { return workspace_.bytes(); }
+  bool runs_in_bf16(const ConvDesc& d) override { return conv_.runs_in_bf16(d); }
+  bool runs_in_bf16(const DeconvDesc& d) override { return conv_.runs_in_bf16(d); }
 
   void conv_forward(const ConvDesc& d, const float* src, const float* weight, const float* bias,
                     float* dst) override {

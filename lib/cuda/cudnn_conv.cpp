@@ -206,8 +206,9 @@ struct ConvEngine::Plan {
   TensorDescriptor w_nchw, w_nhwc;  // the filter as a plain tensor, for cudnnTransformTensor
   ActivationDescriptor relu, identity;
   PassState pass[3];
-  bool fuse = true;  // cudnnConvolutionBiasActivationForward has not been refused
-  std::string why;   // why the last algorithm search failed
+  bool bf16 = false;  // the operands are bf16 copies (a bf16 engine, where cuDNN allows it)
+  bool fuse = true;   // cudnnConvolutionBiasActivationForward has not been refused
+  std::string why;    // why the last algorithm search failed
 
   size_t filter_bytes() const { return sizeof(float) * filter_numel(); }
   size_t filter_numel() const { return size_t(k) * size_t(c) * size_t(r) * size_t(r); }
@@ -228,28 +229,24 @@ struct ConvEngine::Plan {
 
 namespace {
 
-bool is_bf16(const BackendOptions& options) {
-  return options.precision == Precision::kBFloat16;
-}
-
-// The data type of the tensors and filters cuDNN sees.
-cudnnDataType_t operand_type(const BackendOptions& options) {
-  return is_bf16(options) ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
+// The data type of the tensors and filters cuDNN sees in a plan.
+cudnnDataType_t operand_type(const ConvEngine::Plan& p) {
+  return p.bf16 ? CUDNN_DATA_BFLOAT16 : CUDNN_DATA_FLOAT;
 }
 
 // The math type an algorithm search starts from: bf16 on tensor cores (as PyTorch sets it for
 // bf16); fp32 with TF32 allowed (cuDNN's default) or FMA only.
-cudnnMathType_t base_math_type(const BackendOptions& options) {
-  if (is_bf16(options)) return CUDNN_TENSOR_OP_MATH;
+cudnnMathType_t base_math_type(const ConvEngine::Plan& p, const BackendOptions& options) {
+  if (p.bf16) return CUDNN_TENSOR_OP_MATH;
   return options.tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH;
 }
 
-// Sets the descriptors of a plan whose sizes are filled in. The convolution's compute type is
-// fp32 in both precisions (bf16: PSEUDO_BFLOAT16_CONFIG; the bias and the fp32 filter views are
-// used by fp32 plans only).
+// Sets the descriptors of a plan whose sizes and precision are filled in, and forgets its
+// algorithms. The convolution's compute type is fp32 in both precisions (bf16:
+// PSEUDO_BFLOAT16_CONFIG; the bias and the fp32 filter views are used by fp32 plans only).
 void init_plan(ConvEngine::Plan* p, const BackendOptions& options) {
-  const cudnnMathType_t math = base_math_type(options);
-  const cudnnDataType_t type = operand_type(options);
+  const cudnnMathType_t math = base_math_type(*p, options);
+  const cudnnDataType_t type = operand_type(*p);
   DP_CUDNN_CHECK(
       cudnnSetTensor4dDescriptor(p->x.get(), CUDNN_TENSOR_NHWC, type, p->n, p->c, p->hx, p->wx));
   DP_CUDNN_CHECK(
@@ -265,6 +262,9 @@ void init_plan(ConvEngine::Plan* p, const BackendOptions& options) {
   DP_CUDNN_CHECK(cudnnSetActivationDescriptor(p->identity.get(), CUDNN_ACTIVATION_IDENTITY,
                                               CUDNN_NOT_PROPAGATE_NAN, 0.0));
   for (PassState& ps : p->pass) {
+    ps.ready = false;
+    ps.krsc = false;
+    ps.algo = 0;
     DP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(ps.filter.get(), type, CUDNN_TENSOR_NCHW, p->k, p->c,
                                               p->r, p->r));
     DP_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(ps.conv.get(), p->pad, p->pad, p->stride,
@@ -298,7 +298,7 @@ ConvEngine::ConvEngine(cudnnHandle_t handle, DeviceHeap& heap, Arena& workspace,
       heap_(heap),
       workspace_(workspace),
       options_(options),
-      bf16_(is_bf16(options)),
+      bf16_(options.precision == Precision::kBFloat16),
       filter_copy_(heap, "the KRSC filter copy"),
       lowp_(heap, "the bf16 convolution operands") {
   const char* krsc = std::getenv("DP_CUDNN_KRSC_FILTERS");
@@ -328,7 +328,7 @@ ConvEngine::Plan& ConvEngine::conv_plan(const ConvDesc& d) {
   p->r = d.kernel;
   p->stride = d.stride;
   p->pad = d.padding();
-  in_context(*p, [&] { init_plan(p.get(), options_); });
+  in_context(*p, [&] { build(*p); });
   slot = std::move(p);
   return *slot;
 }
@@ -358,7 +358,7 @@ ConvEngine::Plan& ConvEngine::deconv_plan(const DeconvDesc& d) {
   p->r = d.kernel;
   p->stride = d.stride;
   p->pad = d.pad;
-  in_context(*p, [&] { init_plan(p.get(), options_); });
+  in_context(*p, [&] { build(*p); });
   slot = std::move(p);
   return *slot;
 }
@@ -446,30 +446,62 @@ cudnnStatus_t workspace_size(cudnnHandle_t h, const ConvEngine::Plan& p, const P
 
 }  // namespace
 
-void ConvEngine::ensure(Plan& p, int pass, const void* x, const void* w, const void* y) {
-  if (p.pass[pass].ready) return;
+std::string ConvEngine::search_conditions(const Plan& p) const {
+  return str_cat(p.bf16 ? " (bf16 NHWC, fp32 compute" : " (fp32 NHWC",
+                 options_.deterministic ? ", deterministic only" : "",
+                 p.bf16 || options_.tf32 ? "" : ", no TF32", ", workspace at most ",
+                 format_mib(double(options_.max_workspace_bytes)), ")");
+}
+
+bool ConvEngine::try_ensure(Plan& p, int pass, const void* x, const void* w, const void* y) {
+  if (p.pass[pass].ready) return true;
   std::string why_nchw;
   if (!force_krsc_) {
-    if (choose(p, pass, false, x, w, y)) return;
+    if (choose(p, pass, false, x, w, y)) return true;
     why_nchw = p.why;
   }
-  if (choose(p, pass, true, x, w, y)) return;
-  fail("cuDNN offers no usable ", kPassName[pass], " algorithm for ", p.what,
-       bf16_ ? " (bf16 NHWC, fp32 compute" : " (fp32 NHWC",
-       options_.deterministic ? ", deterministic only" : "",
-       bf16_ || options_.tf32 ? "" : ", no TF32", ", workspace at most ",
-       format_mib(double(options_.max_workspace_bytes)),
-       "): ", force_krsc_ ? "" : str_cat("with the NCHW filter: ", why_nchw, "; "),
-       "with the KRSC filter: ", p.why);
+  if (choose(p, pass, true, x, w, y)) return true;
+  p.why = str_cat(force_krsc_ ? "" : str_cat("with the NCHW filter: ", why_nchw, "; "),
+                  "with the KRSC filter: ", p.why);
+  return false;
+}
+
+void ConvEngine::ensure(Plan& p, int pass, const void* x, const void* w, const void* y) {
+  if (try_ensure(p, pass, x, w, y)) return;
+  fail("cuDNN offers no usable ", kPassName[pass], " algorithm for ", p.what, search_conditions(p),
+       ": ", p.why);
+}
+
+void ConvEngine::build(Plan& p) {
+  p.bf16 = bf16_;
+  init_plan(&p, options_);
+  if (!p.bf16) return;
+  // bf16: all three algorithms now, on the bf16 regions every call of the plan uses (their
+  // contents do not matter to the search). The first pass cuDNN cannot do in bf16 makes the
+  // plan fp32, whose algorithms are then chosen on first use as in an fp32 engine.
+  reserve_lowp(p);
+  char* base = static_cast<char*>(lowp_.data());
+  void* x = base;
+  void* w = base + p.lowp_w_offset();
+  void* y = base + p.lowp_y_offset();
+  for (int pass : {kForward, kBackwardData, kBackwardFilter}) {
+    if (try_ensure(p, pass, x, w, y)) continue;
+    options_.log.info("cuDNN: ", p.what, " runs in fp32", options_.tf32 ? " (TF32)" : "",
+                      " instead of bf16: no usable bf16 ", kPassName[pass], " algorithm",
+                      search_conditions(p), ": ", p.why);
+    p.bf16 = false;
+    init_plan(&p, options_);
+    return;
+  }
 }
 
 bool ConvEngine::choose(Plan& p, int pass, bool krsc, const void* x, const void* w, const void* y) {
   PassState& ps = p.pass[pass];
-  const cudnnMathType_t base_math = base_math_type(options_);
+  const cudnnMathType_t base_math = base_math_type(p, options_);
   // Each algorithm runs with the math type it was found with, except in fp32 without TF32, where
   // every one runs FMA-only. (bf16 operands are rounded already: tensor cores lose nothing more.)
-  const bool own_math = bf16_ || options_.tf32;
-  DP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(ps.filter.get(), operand_type(options_),
+  const bool own_math = p.bf16 || options_.tf32;
+  DP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(ps.filter.get(), operand_type(p),
                                             krsc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW, p.k, p.c,
                                             p.r, p.r));
   DP_CUDNN_CHECK(cudnnSetConvolutionMathType(ps.conv.get(), base_math));
@@ -577,7 +609,7 @@ bool ConvEngine::choose(Plan& p, int pass, bool krsc, const void* x, const void*
 // Operands
 
 void ConvEngine::reserve_lowp(const Plan& p) {
-  if (bf16_) lowp_.reserve(p.lowp_bytes());
+  if (p.bf16) lowp_.reserve(p.lowp_bytes());
 }
 
 namespace {
@@ -592,7 +624,7 @@ __nv_bfloat16* lowp_region(const Arena& lowp, const ConvEngine::Plan& p, size_t 
 }  // namespace
 
 const void* ConvEngine::operand(Plan& p, Side side, const float* t) {
-  if (!bf16_) return t;
+  if (!p.bf16) return t;
   __nv_bfloat16* copy = lowp_region(lowp_, p, side == Side::kX ? 0 : p.lowp_y_offset());
   const int64_t count = side == Side::kX ? p.x_pixels() * p.c : p.y_pixels() * p.k;
   kernels::to_bf16(heap_.stream(), count, t, copy);
@@ -600,14 +632,14 @@ const void* ConvEngine::operand(Plan& p, Side side, const float* t) {
 }
 
 void* ConvEngine::result(Plan& p, Side side, float* t) {
-  if (!bf16_) return t;
+  if (!p.bf16) return t;
   return lowp_region(lowp_, p, side == Side::kX ? 0 : p.lowp_y_offset());
 }
 
-void ConvEngine::epilogue(int64_t pixels, int c, const void* r, float* out, const float* bias,
-                          bool relu) {
+void ConvEngine::epilogue(const Plan& p, int64_t pixels, int c, const void* r, float* out,
+                          const float* bias, bool relu) {
   const cudaStream_t s = heap_.stream();
-  if (bf16_)
+  if (p.bf16)
     kernels::from_bf16(s, pixels, c, static_cast<const __nv_bfloat16*>(r), bias, relu, out);
   else if (bias != nullptr)
     kernels::bias_relu(s, pixels, c, bias, relu, out);
@@ -617,7 +649,7 @@ void ConvEngine::epilogue(int64_t pixels, int c, const void* r, float* out, cons
 
 const void* ConvEngine::filter_for(Plan& p, int pass, const float* w) {
   const bool krsc = p.pass[pass].krsc;
-  if (bf16_) {
+  if (p.bf16) {
     __nv_bfloat16* copy = lowp_region(lowp_, p, p.lowp_w_offset());
     kernels::filter_to_bf16(heap_.stream(), p.k, p.c, p.r * p.r, w, krsc, copy);
     return copy;
@@ -630,7 +662,7 @@ const void* ConvEngine::filter_for(Plan& p, int pass, const float* w) {
 }
 
 const void* ConvEngine::probe_filter(Plan& p, const float* w) {
-  if (!bf16_) return w;
+  if (!p.bf16) return w;
   __nv_bfloat16* copy = lowp_region(lowp_, p, p.lowp_w_offset());
   kernels::filter_to_bf16(heap_.stream(), p.k, p.c, p.r * p.r, w, false, copy);
   return copy;
@@ -648,7 +680,7 @@ bool ConvEngine::forward(Plan& p, const void* x, const float* w, void* y, const 
   // cuDNN's fused call, where it allows it: fp32 only (bf16 widens the result with the bias),
   // with the identity activation only for IMPLICIT_PRECOMP_GEMM. A refusal falls back to the
   // plain convolution for good.
-  if (!bf16_ && bias != nullptr && p.fuse &&
+  if (!p.bf16 && bias != nullptr && p.fuse &&
       (relu || algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)) {
     const cudnnStatus_t status = cudnnConvolutionBiasActivationForward(
         handle_, &kOne, p.x.get(), x, ps.filter.get(), filter, ps.conv.get(), algo,
@@ -678,11 +710,11 @@ void ConvEngine::backward_data(Plan& p, const float* w, const void* dy, void* dx
 void ConvEngine::backward_filter(Plan& p, const void* x, const void* dy, float* dw) {
   // bf16: cuDNN writes a bf16 filter gradient (PSEUDO_BFLOAT16_CONFIG has no fp32 dw), widened
   // into dw after.
-  void* lowp_dw = bf16_ ? lowp_region(lowp_, p, p.lowp_w_offset()) : nullptr;
-  ensure(p, kBackwardFilter, x, bf16_ ? lowp_dw : dw, dy);
+  void* lowp_dw = p.bf16 ? lowp_region(lowp_, p, p.lowp_w_offset()) : nullptr;
+  ensure(p, kBackwardFilter, x, p.bf16 ? lowp_dw : dw, dy);
   const PassState& ps = p.pass[kBackwardFilter];
   void* out = dw;
-  if (bf16_) {
+  if (p.bf16) {
     out = lowp_dw;
   } else if (ps.krsc) {
     filter_copy_.reserve(p.filter_bytes());
@@ -692,12 +724,20 @@ void ConvEngine::backward_filter(Plan& p, const void* x, const void* dy, float* 
       handle_, &kOne, p.x.get(), x, p.y.get(), dy, ps.conv.get(),
       static_cast<cudnnConvolutionBwdFilterAlgo_t>(ps.algo), workspace_.data(), workspace_.bytes(),
       &kZero, ps.filter.get(), out));
-  if (bf16_)
+  if (p.bf16)
     kernels::filter_from_bf16(heap_.stream(), p.k, p.c, p.r * p.r,
                               static_cast<const __nv_bfloat16*>(out), ps.krsc, dw);
   else if (ps.krsc)
     DP_CUDNN_CHECK(
         cudnnTransformTensor(handle_, &kOne, p.w_nhwc.get(), out, &kZero, p.w_nchw.get(), dw));
+}
+
+bool ConvEngine::runs_in_bf16(const ConvDesc& d) {
+  return conv_plan(d).bf16;
+}
+
+bool ConvEngine::runs_in_bf16(const DeconvDesc& d) {
+  return deconv_plan(d).bf16;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -714,7 +754,7 @@ void ConvEngine::conv_forward(const ConvDesc& d, const float* src, const float* 
     const float* b = d.bias ? bias : nullptr;
     const void* x = operand(p, Side::kX, src);
     void* y = result(p, Side::kY, dst);
-    if (!forward(p, x, weight, y, b, d.relu)) epilogue(p.y_pixels(), p.k, y, dst, b, d.relu);
+    if (!forward(p, x, weight, y, b, d.relu)) epilogue(p, p.y_pixels(), p.k, y, dst, b, d.relu);
   });
 }
 
@@ -736,7 +776,7 @@ void ConvEngine::conv_backward(const ConvDesc& d, const float* src, const float*
     if (diff_src != nullptr) {
       void* dx = result(p, Side::kX, diff_src);
       backward_data(p, weight, dy, dx);
-      epilogue(p.x_pixels(), p.c, dx, diff_src, nullptr, false);
+      epilogue(p, p.x_pixels(), p.c, dx, diff_src, nullptr, false);
     }
   });
 }
@@ -749,7 +789,7 @@ void ConvEngine::deconv_forward(const DeconvDesc& d, const float* src, const flo
     const void* dy = operand(p, Side::kY, src);
     void* dx = result(p, Side::kX, dst);
     backward_data(p, weight, dy, dx);
-    epilogue(p.x_pixels(), p.c, dx, dst, bias, d.relu);
+    epilogue(p, p.x_pixels(), p.c, dx, dst, bias, d.relu);
   });
 }
 
@@ -771,7 +811,7 @@ void ConvEngine::deconv_backward(const DeconvDesc& d, const float* src, const fl
       // Written after the filter pass has read the Y region (one stream: in order).
       void* y = result(p, Side::kY, diff_src);
       forward(p, x, weight, y, nullptr, false);  // no bias: never fused
-      epilogue(p.y_pixels(), p.k, y, diff_src, nullptr, false);
+      epilogue(p, p.y_pixels(), p.k, y, diff_src, nullptr, false);
     }
   });
 }

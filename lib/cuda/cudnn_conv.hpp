@@ -76,8 +76,9 @@ class Arena {
 // bound to it). A transposed convolution is the backward-data pass of the convolution from its
 // output to its input (same weight), its backward-data pass that convolution's forward.
 //
-// Algorithms: chosen per shape and pass (forward, backward data, backward filter) on the pass's
-// first use, with the call's own buffers (the search blocks until it has run): the fastest that
+// Algorithms: chosen per shape and pass (forward, backward data, backward filter), in fp32 on the
+// pass's first use with the call's own buffers, in bf16 all three when the plan is built, on the
+// bf16 regions the calls will use (the search blocks until it has run): the fastest that
 // cudnnFind*AlgorithmEx measures, with a scratch workspace as large as the heuristics' candidates
 // need (freed after); with options.deterministic, deterministic algorithms only, taken in the
 // heuristics' (reproducible) order among those the search ran. TF32 only with options.tf32.
@@ -91,17 +92,20 @@ class Arena {
 // Bias and ReLU: fused by cudnnConvolutionBiasActivationForward in a convolution's forward pass
 // where cuDNN accepts it (falling back for good on a refusal), else kernels::bias_relu.
 //
-// bf16 (options.precision == kBFloat16): every cuDNN call runs on bf16 tensors and filters with
-// fp32 compute (the convolution descriptor's type CUDNN_DATA_FLOAT, tensor-op math; cuDNN's
-// PSEUDO_BFLOAT16_CONFIG, which wants x, w and y, or dx / dw, all bf16). Each call converts its
-// fp32 inputs (input, output gradient, weights, rounded to nearest even) into bf16 regions of
+// bf16 (options.precision == kBFloat16): every cuDNN call of a bf16 plan runs on bf16 tensors and
+// filters with fp32 compute (the convolution descriptor's type CUDNN_DATA_FLOAT, tensor-op math;
+// cuDNN's PSEUDO_BFLOAT16_CONFIG, which wants x, w and y, or dx / dw, all bf16). Each call converts
+// its fp32 inputs (input, output gradient, weights, rounded to nearest even) into bf16 regions of
 // one arena that grows to the largest plan's need, and widens cuDNN's bf16 result into the fp32
 // output: the forward result with bias and ReLU (never the fused call), the data and filter
 // gradients as they are. So the results are rounded to bf16 once before they are widened, as
 // PyTorch's autocast (bf16 conv outputs and weight gradients) rounds them. KRSC filters are
 // converted (and filter gradients widened) in KRSC order directly. The bias gradient is the fp32
-// kernels::bias_backward on the fp32 output gradient. Algorithms are searched on the bf16
-// operands; fp32 and bf16 plans never mix (the precision is fixed per engine).
+// kernels::bias_backward on the fp32 output gradient. Algorithms are searched on the bf16 operands.
+// A shape for which cuDNN offers no usable bf16 algorithm for one of the three passes (e.g. 3 input
+// channels, 1 output channel) gets an fp32 plan instead (all passes fp32, TF32 per options.tf32,
+// the fused bias + ReLU allowed), decided when the plan is built and logged once (options.log);
+// every other shape stays bf16. runs_in_bf16() says which a shape got.
 class ConvEngine {
  public:
   // `workspace` is the backend's one convolution workspace arena: it grows to the largest chosen
@@ -121,6 +125,9 @@ class ConvEngine {
                       float* dst);
   void deconv_backward(const DeconvDesc& d, const float* src, const float* weight, const float* dst,
                        float* diff_dst, float* diff_src, float* diff_weight, float* diff_bias);
+  // Whether the shape's plan (built now if needed) runs on bf16 operands.
+  bool runs_in_bf16(const ConvDesc& d);
+  bool runs_in_bf16(const DeconvDesc& d);
 
   struct Plan;  // cudnn_conv.cpp
 
@@ -130,23 +137,29 @@ class ConvEngine {
 
   Plan& conv_plan(const ConvDesc& d);
   Plan& deconv_plan(const DeconvDesc& d);
+  // Sets up a plan whose sizes are filled in: its descriptors and (bf16 engine) its precision,
+  // with the three algorithms chosen when bf16 is kept.
+  void build(Plan& p);
 
-  // The passes, on operands of the compute type: fp32 tensors, or (bf16) the bf16 regions that
-  // operand() / result() hand out. Weights and the filter gradient are always fp32, PyTorch
+  // The passes, on operands of the plan's type: fp32 tensors, or (bf16 plan) the bf16 regions
+  // that operand() / result() hand out. Weights and the filter gradient are always fp32, PyTorch
   // layout. y = x * w (cross-correlation); with a bias (fp32 only) the bias and ReLU may be fused:
   // true when they were, else epilogue() must follow.
   bool forward(Plan& p, const void* x, const float* w, void* y, const float* bias, bool relu);
   void backward_data(Plan& p, const float* w, const void* dy, void* dx);
   void backward_filter(Plan& p, const void* x, const void* dy, float* dw);
-  // Operand x (the plan's input side, `Side::kX`) or y as a pass reads it: `t` itself, or (bf16)
-  // its bf16 copy, made now. result(): where a pass writes that side: `t`, or the bf16 region.
+  // Operand x (the plan's input side, `Side::kX`) or y as a pass reads it: `t` itself, or (bf16
+  // plan) its bf16 copy, made now. result(): where a pass writes that side: `t`, or the bf16
+  // region.
   enum class Side { kX, kY };
   const void* operand(Plan& p, Side side, const float* t);
   void* result(Plan& p, Side side, float* t);
   // out = act(r + bias) over pixels x c from a pass's result r (out itself in fp32, widened from
-  // the bf16 region in bf16); bias may be null (none), act is ReLU when relu.
-  void epilogue(int64_t pixels, int c, const void* r, float* out, const float* bias, bool relu);
-  // Grows the bf16 arena to the plan's three regions (bf16 only; at the start of each operation).
+  // the bf16 region in a bf16 plan); bias may be null (none), act is ReLU when relu.
+  void epilogue(const Plan& p, int64_t pixels, int c, const void* r, float* out, const float* bias,
+                bool relu);
+  // Grows the bf16 arena to the plan's three regions (bf16 plans only; at the start of each
+  // operation).
   void reserve_lowp(const Plan& p);
   // The filter as the pass reads it (after ensure): `w` itself, its KRSC copy (made now) for a
   // KRSC pass, or (bf16) its bf16 copy in the pass's layout.
@@ -154,15 +167,19 @@ class ConvEngine {
   // The filter for the algorithm search of a pass not chosen yet: `w`, or its bf16 copy.
   const void* probe_filter(Plan& p, const float* w);
   // Chooses the pass's algorithm on its first use (x, w, y: the call's buffers; the pass's output
-  // among them is overwritten).
+  // among them is overwritten). try_ensure: false, with the reasons in p.why, when cuDNN offers
+  // none; ensure throws dp::Error then.
   void ensure(Plan& p, int pass, const void* x, const void* w, const void* y);
+  bool try_ensure(Plan& p, int pass, const void* x, const void* w, const void* y);
+  // " (bf16 NHWC, fp32 compute, ..., workspace at most ...)": what a plan's search allowed.
+  std::string search_conditions(const Plan& p) const;
   bool choose(Plan& p, int pass, bool krsc, const void* x, const void* w, const void* y);
 
   cudnnHandle_t handle_;
   DeviceHeap& heap_;
   Arena& workspace_;
   BackendOptions options_;
-  bool bf16_ = false;  // options_.precision == kBFloat16
+  bool bf16_ = false;  // options_.precision == kBFloat16: plans are bf16 where cuDNN allows
   bool force_krsc_ = false;
   Arena filter_copy_;  // the KRSC filter (or filter gradient) of the current call (fp32)
   Arena lowp_;         // bf16: the x, filter and y regions of the current call

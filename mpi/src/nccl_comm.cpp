@@ -1,8 +1,11 @@
-// NCCL communicator bootstrapped over MPI: unique id from rank 0, MPI_Bcast, ncclCommInitRank.
+// NCCL communicator bootstrapped over MPI: unique id from rank 0, every rank's readiness agreed
+// over MPI, MPI_Bcast of the id, ncclCommInitRank.
 #include "dp/nccl_comm.hpp"
 
 #include <exception>
 #include <string>
+
+#include "dp/cuda/device.hpp"
 
 namespace dp::mpi {
 
@@ -15,21 +18,32 @@ void throw_nccl_error(ncclResult_t status, const char* call, const char* file, i
 }
 
 NcclComm::NcclComm(const MpiComm& mpi) : rank_(mpi.rank()), size_(mpi.size()) {
-  // Rank 0 broadcasts whether it got an id, so that a failure there becomes an error on every
-  // rank instead of the others waiting in ncclCommInitRank for a peer that never comes.
-  struct {
-    ncclUniqueId id;
-    int ok;
-  } boot{};
-  ncclResult_t id_status = ncclSuccess;
-  if (rank_ == 0) {
-    id_status = ncclGetUniqueId(&boot.id);
-    boot.ok = id_status == ncclSuccess ? 1 : 0;
+  // Everything that can fail before the NCCL collective is agreed on over MPI first, so that a
+  // failure on one rank never leaves the others waiting in ncclCommInitRank for it.
+  ncclUniqueId id{};
+  std::string error;
+  try {
+    int device = -1;
+    DP_CUDA_CHECK(cudaGetDevice(&device));
+    // A sticky error of earlier work, or a device that fails now, shows here rather than in NCCL.
+    DP_CUDA_CHECK(cudaDeviceSynchronize());
+    if (rank_ == 0) DP_NCCL_CHECK(ncclGetUniqueId(&id));
+  } catch (const std::exception& e) {
+    error = e.what();
   }
-  DP_MPI_CHECK(MPI_Bcast(&boot, sizeof boot, MPI_BYTE, 0, mpi.native()));
-  if (rank_ == 0) DP_NCCL_CHECK(id_status);
-  DP_CHECK(boot.ok == 1, "NCCL set-up: rank 0 could not create the NCCL unique id");
-  DP_NCCL_CHECK(ncclCommInitRank(&comm_, size_, boot.id, rank_));
+  int first_failed = error.empty() ? size_ : rank_;
+  DP_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &first_failed, 1, MPI_INT, MPI_MIN, mpi.native()));
+  if (!error.empty()) fail("NCCL set-up: ", error);
+  if (first_failed < size_)
+    throw NcclPeerFailed(
+        str_cat("NCCL set-up: rank ", first_failed, " failed before creating the communicator"));
+  DP_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi.native()));
+  const ncclResult_t status = ncclCommInitRank(&comm_, size_, id, rank_);
+  if (status != ncclSuccess) {
+    const char* detail = ncclGetLastError(nullptr);
+    throw NcclInitError(str_cat("NCCL error in ncclCommInitRank: ", ncclGetErrorString(status),
+                                detail && *detail ? str_cat(" (", detail, ")") : std::string()));
+  }
 }
 
 NcclComm::~NcclComm() {

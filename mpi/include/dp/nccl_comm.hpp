@@ -23,9 +23,27 @@ namespace dp::mpi {
 [[noreturn]] void throw_nccl_error(ncclResult_t status, const char* call, const char* file,
                                    int line);
 
+// Another rank failed before ncclCommInitRank, this one did not (see NcclComm); that rank throws
+// its own error.
+class NcclPeerFailed : public Error {
+ public:
+  using Error::Error;
+};
+
+// ncclCommInitRank failed on this rank. Its peers may be inside that call, which only ends when
+// every rank has joined: no MPI agreement can reach them. The caller reports the error and ends
+// the job (Env::abort, i.e. MPI_Abort), never waits for the peers.
+class NcclInitError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Collective constructor: every rank of `mpi` must construct one, after selecting its GPU
-// (dp::cuda::select_device). Rank 0 creates the unique id, MPI broadcasts it, every rank joins
-// with ncclCommInitRank. NCCL ranks equal MPI ranks. Not copyable or movable.
+// (dp::cuda::select_device). Rank 0 creates the unique id, every rank checks that its GPU works,
+// and MPI agrees on the outcome: if any rank failed, every rank throws (the ranks that failed
+// dp::Error with their error, the others NcclPeerFailed naming the lowest failing rank) and none
+// enters NCCL. Then every rank joins with ncclCommInitRank; a failure there throws
+// NcclInitError (see there). NCCL ranks equal MPI ranks. Not copyable or movable.
 class NcclComm {
  public:
   explicit NcclComm(const MpiComm& mpi);

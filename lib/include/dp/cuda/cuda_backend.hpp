@@ -8,6 +8,7 @@
 #include <string>
 
 #include "dp/backend.hpp"
+#include "dp/log.hpp"
 
 namespace dp::cuda {
 
@@ -21,13 +22,18 @@ struct BackendOptions {
   // weight gradient are rounded to bf16 once before they are widened into the fp32 tensors (as
   // PyTorch's autocast, whose conv outputs and weight gradients are bf16); bias and ReLU are
   // applied in fp32 after, the bias gradient is fp32 throughout. Needs compute capability 8.0+
-  // (make_cuda_backend throws otherwise); tf32 does not apply.
+  // (make_cuda_backend throws otherwise); tf32 does not apply to the bf16 convolutions. A shape
+  // for which cuDNN offers no usable bf16 algorithm for one of its passes (e.g. 3 input or 1
+  // output channel) runs all its passes in fp32 instead (TF32 per tf32), logged once per shape;
+  // CudaBackend::runs_in_bf16 says which.
   Precision precision = Precision::kFloat32;
   // Only deterministic cuDNN algorithms (no atomics in backward filter/data).
   bool deterministic = false;
   // The largest convolution workspace an algorithm may ask for; the arena grows to the largest
   // chosen algorithm's need (once per shape) and never shrinks.
   size_t max_workspace_bytes = size_t{1} << 30;
+  // Where the backend's notes go (info: a bf16 shape that runs in fp32).
+  Logger log;
 };
 
 // Every op is enqueued on stream() (a non-blocking stream owned by the backend); ops that
@@ -39,6 +45,11 @@ class CudaBackend : public Backend {
   virtual size_t allocated_bytes() const = 0;  // device bytes held now (tensors and scratch)
   virtual size_t peak_bytes() const = 0;       // the most ever held at once
   virtual size_t workspace_bytes() const = 0;  // the convolution workspace arena
+  // Whether the (transposed) convolutions of this shape run on bf16 operands: false with fp32
+  // precision, and with bf16 for a shape that fell back to fp32 (see BackendOptions::precision).
+  // Builds the shape's plan (its algorithm search included) if it does not exist yet.
+  virtual bool runs_in_bf16(const ConvDesc& d) = 0;
+  virtual bool runs_in_bf16(const DeconvDesc& d) = 0;
 };
 
 // On the current device (select_device first).
