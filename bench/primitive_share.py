@@ -2,6 +2,7 @@
 """How much of a dptrain step is oneDNN primitives (issue: CPU performance; target >= 90%).
 
     python3 bench/primitive_share.py [--build build/default] [--divisor 1] [--batch 2] [--threads 1]
+                                     [--cpu-conv auto|direct|winograd]
 
 Runs one rank of dptrain on synthetic 128x128 data with ONEDNN_VERBOSE=1 (oneDNN prints each
 executed primitive with its time) and --bench-step-times (dptrain prints each step's wall time),
@@ -28,6 +29,7 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--precision", default="fp32")
+    ap.add_argument("--cpu-conv", default="auto", help="dptrain --cpu-conv")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as work:
         data = os.path.join(work, "d.h5")
@@ -39,7 +41,8 @@ def main():
         cmd = ["stdbuf", "-oL", "-eL", os.path.join(args.build, "app", "dptrain"), "--data", data,
                "--width-divisor", str(args.divisor), "--batch-size", str(args.batch),
                "--epochs", "1", "--model-dir", os.path.join(work, "run"), "--augment", "none",
-               "--bench-step-times", "--val-every", "1000", "--precision", args.precision]
+               "--bench-step-times", "--val-every", "1000", "--precision", args.precision,
+               "--cpu-conv", args.cpu_conv]
         out = subprocess.run(cmd, env=env, check=True, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True).stdout
     steps, prim, kinds = [], 0.0, collections.Counter()

@@ -56,6 +56,7 @@ std::string TrainOptions::describe() const {
      << "deterministic = " << deterministic << "\n"
      << "tf32 = " << tf32 << "\n"
      << "precision = " << precision << "\n"
+     << "cpu_conv = " << cpu_conv << "\n"
      << "bucket_mb = " << bucket_mb << "\n"
      << "overlap = " << overlap << "\n"
      << "accumulation_steps = " << accumulation_steps << "\n"
@@ -171,6 +172,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "precision", po::value(&o.precision)->default_value(o.precision),
       "fp32, or bf16: convolutions on bf16 inputs and weights with fp32 accumulation, "
       "everything else fp32 (as PyTorch autocast; CPUs with AVX512-BF16 or AMX, GPUs)")(
+      "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
+      "CPU fp32 3x3 stride-1 convolutions: auto (per pass, direct or Winograd, whichever is "
+      "faster when timed at first use), direct, or winograd (wherever oneDNN has it); "
+      "--deterministic implies direct")(
       "no-tf32", po::bool_switch(),
       "GPU: fp32 convolutions without TF32 tensor cores (slower, closer to the CPU)")(
       "threads", po::value(&o.threads)->default_value(o.threads),
@@ -302,6 +307,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(o.check_sync_every >= 0, "--check-sync-every must be >= 0, got ", o.check_sync_every);
   require(vm.count("width-divisor") == 0 || (o.width_divisor >= 1 && 32 % o.width_divisor == 0),
           "--width-divisor must be one of 1, 2, 4, 8, 16, 32, got ", o.width_divisor);
+  require(o.cpu_conv == "auto" || o.cpu_conv == "direct" || o.cpu_conv == "winograd",
+          "--cpu-conv must be auto, direct or winograd, got '", o.cpu_conv, "'");
   require(o.precision == "fp32" || o.precision == "bf16", "--precision must be fp32 or bf16, got '",
           o.precision, "'");
   require(o.device == "auto" || o.device == "cpu" || o.device == "cuda",

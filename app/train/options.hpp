@@ -62,6 +62,7 @@ struct TrainOptions {
   bool deterministic = false;      // no OpenMP dynamic thread adjustment; deterministic cuDNN
   bool tf32 = true;                // GPU: TF32 tensor cores for fp32 convolutions
   std::string precision = "fp32";  // fp32 | bf16 (convolutions)
+  std::string cpu_conv = "auto";   // auto | direct | winograd (dp::CpuConvAlgo)
   // distribution (issue 4)
   double bucket_mb = 25.0;            // gradient all-reduce bucket size, MiB (first bucket: 1 MiB)
   bool overlap = true;                // all-reduce buckets during backward (--no-overlap: after it)

@@ -325,7 +325,13 @@ std::unique_ptr<Backend> Trainer::make_backend(bool use_gpu) {
   if (!use_gpu) {
     if (precision == Precision::kBFloat16 && !cpu_bf16_support().empty())
       throw UsageError(str_cat("--precision bf16: ", cpu_bf16_support(), "; use --precision fp32"));
-    return make_cpu_backend(precision);
+    CpuOptions co;
+    co.precision = precision;
+    // Timing-based choices differ between runs: reproducible runs use the direct kernels.
+    co.conv_algo = opt_.deterministic || opt_.cpu_conv == "direct" ? CpuConvAlgo::kDirect
+                   : opt_.cpu_conv == "winograd"                   ? CpuConvAlgo::kWinograd
+                                                                   : CpuConvAlgo::kAuto;
+    return make_cpu_backend(co);
   }
 #ifdef DP_WITH_CUDA
   cuda::BackendOptions bo;
@@ -452,7 +458,10 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
               " convolutions");
   else
     log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN), ", omp_get_max_threads(),
-              " thread(s) per rank, ", opt_.precision, " convolutions");
+              " thread(s) per rank, ", opt_.precision, " convolutions",
+              opt_.precision == "bf16" || opt_.deterministic || opt_.cpu_conv == "direct" ? ""
+              : opt_.cpu_conv == "winograd" ? " (3x3: Winograd)"
+                                            : " (3x3: direct or Winograd, timed at first use)");
   on_root("--model-dir", [&] { ensure_writable_dir(opt_.model_dir); });
   collectively([&] { parse_fail_at(fail_rank_, fail_step_); });
   collectively([&] { parse_fail_at(preempt_rank_, preempt_step_, kPreemptAtVariable); });

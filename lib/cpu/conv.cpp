@@ -1,8 +1,10 @@
 // Convolution and transposed convolution on oneDNN: primitive descriptors built once per shape,
-// NHWC activations end to end, weights in PyTorch's layout reordered into oneDNN's choice.
+// NHWC activations end to end, weights in PyTorch's layout reordered into oneDNN's choice; 3x3
+// stride-1 passes may run Winograd kernels on blocked copies where those are faster.
 #include "onednn.hpp"
 
 #include <algorithm>
+#include <chrono>
 
 namespace dp::cpu {
 namespace {
@@ -114,24 +116,212 @@ std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const D
   return p;
 }
 
+// The Winograd variants of a 3x3 stride-1 fp32 convolution's passes (throws a dnnl::error where
+// oneDNN has none for this shape).
+std::unique_ptr<WinoPrims> build_wino(const dnnl::engine& eng, const ConvDesc& d, ConvPrims& p,
+                                      const memory::desc& user_w_md) {
+  auto w = std::make_unique<WinoPrims>();
+  const auto any = [](const Dims& x) {
+    return memory::desc({x.n, x.c, x.h, x.w}, dt::f32, tag::any);
+  };
+  const memory::desc src_md = any(d.src()), dst_md = any(d.dst());
+  const memory::desc w_md(user_w_md.dims(), dt::f32, tag::any);
+  const memory::desc bias_md = d.bias ? memory::desc({d.cout}, dt::f32, tag::x) : memory::desc();
+  const memory::dims strides{1, 1}, padding{d.padding(), d.padding()};
+  const algorithm alg = algorithm::convolution_winograd;
+  // Scratchpads are ours (in the copies scratch) so that their size is known and counted.
+  dnnl::primitive_attr fwd_attr = relu_attr(d.relu), attr;
+  fwd_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  dnnl::convolution_forward::primitive_desc fwd_pd(
+      dnnl::convolution_forward::desc(prop_kind::forward_training, alg, src_md, w_md, bias_md,
+                                      dst_md, strides, padding, padding),
+      fwd_attr, eng);
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd(
+      dnnl::convolution_backward_data::desc(alg, src_md, w_md, dst_md, strides, padding, padding),
+      attr, eng, fwd_pd);
+  dnnl::convolution_backward_weights::primitive_desc bwd_w_pd(
+      dnnl::convolution_backward_weights::desc(alg, src_md, w_md, bias_md, dst_md, strides, padding,
+                                               padding),
+      attr, eng, fwd_pd);
+  // One blocked copy of the input serves forward and backward-weights (the data gradient takes
+  // its place after), one of the output gradient both backward passes.
+  if (bwd_w_pd.src_desc() != fwd_pd.src_desc() ||
+      bwd_w_pd.diff_dst_desc() != bwd_data_pd.diff_dst_desc() ||
+      bwd_data_pd.diff_src_desc().get_size() > fwd_pd.src_desc().get_size())
+    throw dnnl::error(dnnl_unimplemented, "Winograd passes disagree on activation layouts");
+
+  const auto reorder = [](const memory& from, const memory& to) {
+    Exec e(dnnl::reorder(from, to));
+    e.arg(DNNL_ARG_FROM, from).arg(DNNL_ARG_TO, to);
+    return e;
+  };
+  w->src.init(fwd_pd.src_desc(), eng);
+  w->dst.init(fwd_pd.dst_desc(), eng);
+  w->diff_dst.init(bwd_data_pd.diff_dst_desc(), eng);
+  w->diff_src.init(bwd_data_pd.diff_src_desc(), eng);
+  w->diff_w.init(bwd_w_pd.diff_weights_desc(), eng);
+  w->src_in = reorder(p.src.mem, w->src.mem);
+  w->dst_out = reorder(w->dst.mem, p.dst.mem);
+  w->diff_dst_in = reorder(p.diff_dst.mem, w->diff_dst.mem);
+  w->diff_src_out = reorder(w->diff_src.mem, p.diff_src.mem);
+  w->diff_w_out = reorder(w->diff_w.mem, p.diff_w_user.mem);
+  w->w_fwd.init(eng, user_w_md, fwd_pd.weights_desc());
+  w->w_bwd.init(eng, user_w_md, bwd_data_pd.weights_desc());
+  const auto padded = [](const memory::desc& md) { return (md.get_size() + 63) / 64 * 64; };
+  w->src_bytes = padded(fwd_pd.src_desc());
+  w->mid_bytes = std::max(padded(fwd_pd.dst_desc()), padded(bwd_data_pd.diff_dst_desc()));
+  const memory::desc pads[3] = {fwd_pd.scratchpad_desc(), bwd_data_pd.scratchpad_desc(),
+                                bwd_w_pd.scratchpad_desc()};
+  for (int k = 0; k < 3; ++k) {
+    w->pads[k].init(pads[k], eng);
+    w->pad_bytes[k] = padded(pads[k]);
+  }
+
+  Exec& fwd = w->prims[WinoPrims::kFwd];
+  fwd = Exec(dnnl::convolution_forward(fwd_pd));
+  fwd.arg(DNNL_ARG_SRC, w->src.mem)
+      .arg(DNNL_ARG_WEIGHTS, w->w_fwd.active())
+      .arg(DNNL_ARG_DST, w->dst.mem);
+  Exec& bwd_data = w->prims[WinoPrims::kBwdData];
+  bwd_data = Exec(dnnl::convolution_backward_data(bwd_data_pd));
+  bwd_data.arg(DNNL_ARG_DIFF_DST, w->diff_dst.mem)
+      .arg(DNNL_ARG_WEIGHTS, w->w_bwd.active())
+      .arg(DNNL_ARG_DIFF_SRC, w->diff_src.mem);
+  Exec& bwd_w = w->prims[WinoPrims::kBwdWeights];
+  bwd_w = Exec(dnnl::convolution_backward_weights(bwd_w_pd));
+  bwd_w.arg(DNNL_ARG_SRC, w->src.mem)
+      .arg(DNNL_ARG_DIFF_DST, w->diff_dst.mem)
+      .arg(DNNL_ARG_DIFF_WEIGHTS, w->diff_w.mem);
+  for (int k = 0; k < 3; ++k) w->prims[k].arg(DNNL_ARG_SCRATCHPAD, w->pads[k].mem);
+  if (d.bias) {
+    fwd.arg(DNNL_ARG_BIAS, p.bias.mem);
+    bwd_w.arg(DNNL_ARG_DIFF_BIAS, p.diff_bias.mem);
+  }
+  return w;
+}
+
+// Under CpuConvAlgo::kAuto, passes below this many FLOPs stay direct (too small for the choice to
+// matter; timing them would be mostly noise), and so do passes whose Winograd scratchpad (the
+// transformed weights and tiles: 36 x cin x cout floats and more, for deep layers far larger than
+// their activations) exceeds the cap. The scratchpad is shared by all layers, so Winograd adds at
+// most the cap plus one layer's blocked copies to the run's memory.
+constexpr double kTimedPassMinFlops = 0.2e9;
+constexpr size_t kWinogradMaxScratchpad = size_t{96} << 20;
+
+// Runs `pass(false)` (direct) and `pass(true)` (Winograd) once each to warm up, then once each
+// timed, and says whether Winograd was faster. (Where the two are close the choice matters
+// little; where it matters they differ by up to 2.5x.)
+template <typename F>
+bool winograd_faster(const F& pass) {
+  using clock = std::chrono::steady_clock;
+  double seconds[2] = {0, 0};
+  for (int round = 0; round < 2; ++round)
+    for (int wino = 0; wino < 2; ++wino) {
+      const auto t0 = clock::now();
+      pass(wino == 1);
+      seconds[wino] = std::chrono::duration<double>(clock::now() - t0).count();
+    }
+  return seconds[1] < seconds[0];
+}
+
+// Settles a pass's algorithm on its first use (timing both when asked to) and says whether it is
+// Winograd.
+template <typename F>
+bool use_winograd(PassAlgo& algo, const F& pass) {
+  if (algo == PassAlgo::kTimeOnFirstUse)
+    algo = winograd_faster(pass) ? PassAlgo::kWinograd : PassAlgo::kDirect;
+  return algo == PassAlgo::kWinograd;
+}
+
 }  // namespace
+
+size_t WinoPrims::weight_scratch_bytes() const {
+  return std::max({w_fwd.scratch_bytes(), w_bwd.scratch_bytes(), diff_w.mem.get_desc().get_size()});
+}
+
+size_t ConvPrims::copies_bytes() const {
+  size_t wino_bytes = 0;
+  if (wino) {
+    size_t pad = 0;
+    for (int k = 0; k < 3; ++k)
+      if (algo[k] != PassAlgo::kDirect) pad = std::max(pad, wino->pad_bytes[k]);
+    wino_bytes = wino->src_bytes + wino->mid_bytes + pad;
+  }
+  return std::max(src_lowp_bytes + dst_lowp_bytes, wino_bytes);
+}
 
 size_t ConvPrims::weight_scratch_bytes() const {
   const size_t dw = diff_w_reorder ? diff_w_internal.mem.get_desc().get_size() : 0;
-  return std::max({w_fwd.scratch_bytes(), w_bwd.scratch_bytes(), dw});
+  return std::max(
+      {w_fwd.scratch_bytes(), w_bwd.scratch_bytes(), dw, wino ? wino->weight_scratch_bytes() : 0});
+}
+
+void ConvPrims::bind_wino_copies(const Scratch& scratch) {
+  char* base = static_cast<char*>(scratch.copies);
+  wino->src.at(base);
+  wino->diff_src.at(base);  // written by backward-data, after backward-weights read src
+  wino->dst.at(base + wino->src_bytes);
+  wino->diff_dst.at(base + wino->src_bytes);
+  for (Bound& pad : wino->pads) pad.at(base + wino->src_bytes + wino->mid_bytes);
+}
+
+void ConvPrims::forward_pass(dnnl::stream& s, const float* w, const Scratch& scratch,
+                             bool winograd) {
+  if (winograd) {
+    wino->w_fwd.prepare(s, w, scratch.weights);
+    wino->src_in.run(s);
+    wino->prims[WinoPrims::kFwd].run(s);
+    wino->dst_out.run(s);
+  } else {
+    w_fwd.prepare(s, w, scratch.weights);
+    fwd.run(s);
+  }
+  s.wait();
 }
 
 void ConvPrims::forward(dnnl::stream& s, const float* x, const float* w, const float* b, float* y,
                         const Scratch& scratch) {
   src.at(x);
   if (lowp) {
-    src_lowp.at(scratch.lowp);
+    src_lowp.at(scratch.copies);
     src_to_lowp.run(s);
   }
   dst.at(y);
   if (has_bias) bias.at(b);
-  w_fwd.prepare(s, w, scratch.weights);
-  fwd.run(s);
+  if (wino) bind_wino_copies(scratch);
+  forward_pass(s, w, scratch, use_winograd(algo[WinoPrims::kFwd], [&](bool v) {
+                 forward_pass(s, w, scratch, v);
+               }));
+}
+
+// The weight gradient, through the weight scratch (oneDNN's layout, then reordered into the
+// caller's), and the bias gradient. Winograd reads the blocked output gradient made by backward().
+void ConvPrims::weights_pass(dnnl::stream& s, const Scratch& scratch, bool winograd) {
+  if (winograd) {
+    wino->diff_w.at(scratch.weights);
+    wino->src_in.run(s);
+    wino->prims[WinoPrims::kBwdWeights].run(s);
+    wino->diff_w_out.run(s);
+  } else {
+    if (diff_w_reorder) diff_w_internal.at(scratch.weights);
+    bwd_weights.run(s);
+    if (diff_w_reorder) diff_w_to_user.run(s);
+  }
+  s.wait();
+}
+
+// The data gradient (its reordered weights reuse the weight scratch once the weight gradient is
+// out of it).
+void ConvPrims::data_pass(dnnl::stream& s, const float* w, const Scratch& scratch, bool winograd) {
+  if (winograd) {
+    wino->w_bwd.prepare(s, w, scratch.weights);
+    wino->prims[WinoPrims::kBwdData].run(s);
+    wino->diff_src_out.run(s);
+  } else {
+    w_bwd.prepare(s, w, scratch.weights);
+    bwd_data.run(s);
+  }
   s.wait();
 }
 
@@ -142,36 +332,67 @@ void ConvPrims::backward(dnnl::stream& s, const float* x, const float* w, const 
   diff_dst.at(dy);
   if (relu) relu_bwd.run(s);
   if (lowp) {  // the bf16 copies: input (again: layers of one shape share these primitives)
-    src_lowp.at(scratch.lowp);
-    diff_dst_lowp.at(static_cast<char*>(scratch.lowp) + src_lowp_bytes);
+    src_lowp.at(scratch.copies);
+    diff_dst_lowp.at(static_cast<char*>(scratch.copies) + src_lowp_bytes);
     src_to_lowp.run(s);
     diff_dst_to_lowp.run(s);
   }
-  // The weight gradient (through the weight scratch), then the data gradient (whose reordered
-  // weights reuse that scratch once the gradient is out of it).
   diff_w_user.at(dw);
-  if (diff_w_reorder) diff_w_internal.at(scratch.weights);
   if (has_bias) diff_bias.at(db);
-  bwd_weights.run(s);
-  if (diff_w_reorder) diff_w_to_user.run(s);
-  if (dx != nullptr) {
-    diff_src.at(dx);
-    w_bwd.prepare(s, w, scratch.weights);
-    bwd_data.run(s);
+  if (dx != nullptr) diff_src.at(dx);
+  if (wino) {  // the blocked output gradient, for whichever backward pass runs Winograd
+    bind_wino_copies(scratch);
+    if (algo[WinoPrims::kBwdWeights] != PassAlgo::kDirect ||
+        (dx != nullptr && algo[WinoPrims::kBwdData] != PassAlgo::kDirect)) {
+      wino->diff_dst_in.run(s);
+      s.wait();
+    }
   }
-  s.wait();
+  // Timing charges Winograd with its output-gradient conversion.
+  const auto convert = [&](bool v) {
+    if (v) wino->diff_dst_in.run(s);
+  };
+  weights_pass(s, scratch, use_winograd(algo[WinoPrims::kBwdWeights], [&](bool v) {
+                 convert(v);
+                 weights_pass(s, scratch, v);
+               }));
+  if (dx != nullptr)
+    data_pass(s, w, scratch, use_winograd(algo[WinoPrims::kBwdData], [&](bool v) {
+                convert(v);
+                data_pass(s, w, scratch, v);
+              }));
 }
 
-std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d, bool bf16) {
+std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d, bool bf16,
+                                     CpuConvAlgo algo) {
   DP_CHECK(d.kernel >= 1 && d.stride >= 1 && d.out_h() >= 1 && d.out_w() >= 1, "conv: kernel ",
            d.kernel, " stride ", d.stride, " does not fit a ", d.h, "x", d.w, " input");
   const memory::desc user_w({d.cout, d.cin, d.kernel, d.kernel}, dt::f32, tag::oihw);
-  return checked("convolution", [&] {
+  auto p = checked("convolution", [&] {
     return build<dnnl::convolution_forward, dnnl::convolution_backward_data,
                  dnnl::convolution_backward_weights>(eng, algorithm::convolution_direct, d.src(),
                                                      d.dst(), user_w, d.bias, d.relu, d.stride,
                                                      d.padding(), bf16);
   });
+  const double flops = 2.0 * double(d.dst().numel()) * d.cin * d.kernel * d.kernel;
+  if (bf16 || algo == CpuConvAlgo::kDirect || d.kernel != 3 || d.stride != 1 ||
+      (algo == CpuConvAlgo::kAuto && flops < kTimedPassMinFlops))
+    return p;
+  try {
+    p->wino = build_wino(eng, d, *p, user_w);
+  } catch (const dnnl::error&) {
+    return p;  // no Winograd kernel for this shape or CPU: direct
+  }
+  bool any = false;
+  for (int k = 0; k < 3; ++k) {
+    if (algo == CpuConvAlgo::kWinograd)
+      p->algo[k] = PassAlgo::kWinograd;
+    else if (p->wino->pad_bytes[k] <= kWinogradMaxScratchpad)
+      p->algo[k] = PassAlgo::kTimeOnFirstUse;
+    any = any || p->algo[k] != PassAlgo::kDirect;
+  }
+  if (!any) p->wino.reset();
+  return p;
 }
 
 std::unique_ptr<ConvPrims> make_deconv(const dnnl::engine& eng, const DeconvDesc& d, bool bf16) {
@@ -190,3 +411,23 @@ std::unique_ptr<ConvPrims> make_deconv(const dnnl::engine& eng, const DeconvDesc
 }
 
 }  // namespace dp::cpu
+
+namespace dp {
+
+std::string cpu_winograd_support() {
+  try {
+    const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    const cpu::memory::desc x({1, 16, 8, 8}, cpu::dt::f32, cpu::tag::any);
+    const cpu::memory::desc w({16, 16, 3, 3}, cpu::dt::f32, cpu::tag::any);
+    dnnl::convolution_forward::primitive_desc(
+        dnnl::convolution_forward::desc(cpu::prop_kind::forward_training,
+                                        cpu::algorithm::convolution_winograd, x, w, x, {1, 1},
+                                        {1, 1}, {1, 1}),
+        eng);
+    return {};
+  } catch (const dnnl::error& e) {
+    return std::string("oneDNN has no Winograd convolution on this CPU: ") + e.what();
+  }
+}
+
+}  // namespace dp

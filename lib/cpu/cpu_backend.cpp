@@ -68,10 +68,24 @@ int upsample_gather(int i, int in, Gather* g) {
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(Precision precision)
-      : eng_(dnnl::engine::kind::cpu, 0), stream_(eng_), bf16_(precision == Precision::kBFloat16) {}
+  explicit CpuBackend(const CpuOptions& options)
+      : eng_(dnnl::engine::kind::cpu, 0),
+        stream_(eng_),
+        bf16_(options.precision == Precision::kBFloat16),
+        conv_algo_(options.conv_algo) {}
 
-  std::string name() const override { return bf16_ ? "cpu (bf16 convolutions)" : "cpu"; }
+  std::string name() const override {
+    if (bf16_) return "cpu (bf16 convolutions)";
+    switch (conv_algo_) {
+      case CpuConvAlgo::kAuto:
+        return "cpu (3x3 convolutions: direct or Winograd, timed)";
+      case CpuConvAlgo::kWinograd:
+        return "cpu (Winograd 3x3 convolutions)";
+      case CpuConvAlgo::kDirect:
+        break;
+    }
+    return "cpu";
+  }
 
   void conv_forward(const ConvDesc& d, const float* src, const float* weight, const float* bias,
                     float* dst) override {
@@ -469,7 +483,7 @@ class CpuBackend final : public Backend {
 
   cpu::ConvPrims& conv(const ConvDesc& d) {
     auto& slot = conv_cache_[conv_key(d)];
-    if (!slot) slot = with_scratch(cpu::make_conv(eng_, d, bf16_));
+    if (!slot) slot = with_scratch(cpu::make_conv(eng_, d, bf16_, conv_algo_));
     return *slot;
   }
 
@@ -482,13 +496,19 @@ class CpuBackend final : public Backend {
   // New primitives (first use of a shape) may need more scratch: it grows then, never in a step
   // that only reuses primitives.
   std::unique_ptr<cpu::ConvPrims> with_scratch(std::unique_ptr<cpu::ConvPrims> p) {
-    if (p->lowp_bytes() > lowp_scratch_.bytes()) lowp_scratch_ = Buffer(p->lowp_bytes());
-    if (p->weight_scratch_bytes() > weight_scratch_.bytes())
-      weight_scratch_ = Buffer(p->weight_scratch_bytes());
+    grow(copies_scratch_, p->copies_bytes());
+    grow(weight_scratch_, p->weight_scratch_bytes());
     return p;
   }
+  // Scratch holds nothing between ops: the old buffer goes before the new one is made (and
+  // zeroed), so growing never holds both.
+  static void grow(Buffer& scratch, size_t bytes) {
+    if (bytes <= scratch.bytes()) return;
+    scratch = Buffer();
+    scratch = Buffer(bytes);
+  }
   cpu::Scratch scratch() const {
-    return {weight_scratch_.data(), lowp_scratch_.data()};
+    return {weight_scratch_.data(), copies_scratch_.data()};
   }
 
   EltwiseEntry& relu(int64_t count) {
@@ -519,8 +539,9 @@ class CpuBackend final : public Backend {
 
   dnnl::engine eng_;
   dnnl::stream stream_;
-  bool bf16_ = false;      // convolutions on bf16 copies of inputs, gradients and weights
-  Buffer lowp_scratch_;    // those copies (one convolution's at a time)
+  bool bf16_ = false;  // convolutions on bf16 copies of inputs, gradients and weights
+  CpuConvAlgo conv_algo_ = CpuConvAlgo::kAuto;
+  Buffer copies_scratch_;  // activation copies in bf16 or a blocked layout, one layer's at a time
   Buffer weight_scratch_;  // weights (or their gradient) in oneDNN's layout, one layer's at a time
   std::vector<float> scratch_a_, scratch_b_;  // per-channel values, sized on first use
   std::map<decltype(conv_key(ConvDesc{})), std::unique_ptr<cpu::ConvPrims>> conv_cache_;
@@ -552,10 +573,10 @@ std::string cpu_bf16_support() {
   return text;
 }
 
-std::unique_ptr<Backend> make_cpu_backend(Precision precision) {
-  if (precision == Precision::kBFloat16)
+std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& options) {
+  if (options.precision == Precision::kBFloat16)
     DP_CHECK(cpu_bf16_support().empty(), "--precision bf16: ", cpu_bf16_support());
-  return checked("the CPU engine", [&] { return std::make_unique<CpuBackend>(precision); });
+  return checked("the CPU engine", [&] { return std::make_unique<CpuBackend>(options); });
 }
 
 }  // namespace dp

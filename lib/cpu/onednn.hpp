@@ -4,6 +4,8 @@
 
 #include <dnnl.hpp>
 
+#include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "dp/backend.hpp"
@@ -93,19 +95,38 @@ struct WeightsIn {
   }
 };
 
+// Scratch memory from the caller, shared by every layer (a layer needs it only while its
+// primitives run): `weights` (weight_scratch_bytes(): reordered weights, or the weight gradient
+// in oneDNN's layout before its reorder back) and `copies` (copies_bytes(): the activation copies
+// that bf16 or Winograd passes read and write).
+struct Scratch {
+  void* weights = nullptr;
+  void* copies = nullptr;
+};
+
+// The Winograd variants (oneDNN's jit_wino_4x3, fp32, 3x3 stride 1) of a convolution's three
+// passes. They read and write blocked copies (oneDNN's choice, nChw16c) of the NHWC tensors and
+// need a scratchpad (the transformed tiles), all in the copies scratch: [src, later diff_src |
+// dst or diff_dst | scratchpad]; weights go through the weight scratch in their own layouts.
+struct WinoPrims {
+  enum Pass { kFwd, kBwdData, kBwdWeights };
+  Exec prims[3];
+  Exec src_in, dst_out, diff_dst_in, diff_src_out, diff_w_out;  // reorders to and from NHWC/OIHW
+  Bound src, dst, diff_dst, diff_src, diff_w, pads[3];
+  WeightsIn w_fwd, w_bwd;
+  size_t src_bytes = 0, mid_bytes = 0, pad_bytes[3] = {0, 0, 0};
+  size_t weight_scratch_bytes() const;
+};
+
+// How each pass of a convolution runs: direct NHWC kernels, or Winograd (decided on the pass's
+// first use when timing picks; see make_conv).
+enum class PassAlgo : uint8_t { kDirect, kWinograd, kTimeOnFirstUse };
+
 // Forward, backward-data and backward-weights of a convolution or transposed convolution with
 // optional bias and fused ReLU, all bound to their arguments once.
 // With bf16 compute the primitives read bf16 copies of the input and of the output gradient
-// (converted into `lowp` scratch) and bf16 weights (converted with the weight reorder); they
+// (converted into the copies scratch) and bf16 weights (converted with the weight reorder); they
 // accumulate in fp32 and write fp32 outputs and gradients.
-// Scratch memory comes from the caller, shared by every layer: `weights` (weight_scratch_bytes():
-// the reordered weights, or the weight gradient in oneDNN's layout before its reorder back) and
-// `lowp` (lowp_bytes(), bf16 only).
-struct Scratch {
-  void* weights = nullptr;
-  void* lowp = nullptr;
-};
-
 struct ConvPrims {
   Exec fwd, bwd_data, bwd_weights, relu_bwd, diff_w_to_user, src_to_lowp, diff_dst_to_lowp;
   Bound src, dst, bias, diff_dst, diff_src, diff_bias, diff_w_user, diff_w_internal;
@@ -113,16 +134,26 @@ struct ConvPrims {
   WeightsIn w_fwd, w_bwd;
   bool diff_w_reorder = false, relu = false, has_bias = false, lowp = false;
   size_t src_lowp_bytes = 0, dst_lowp_bytes = 0;
+  std::unique_ptr<WinoPrims> wino;  // null where no pass may run Winograd
+  PassAlgo algo[3] = {PassAlgo::kDirect, PassAlgo::kDirect, PassAlgo::kDirect};  // WinoPrims::Pass
 
-  size_t lowp_bytes() const { return src_lowp_bytes + dst_lowp_bytes; }
+  size_t copies_bytes() const;
   size_t weight_scratch_bytes() const;
   void forward(dnnl::stream& s, const float* x, const float* w, const float* b, float* y,
                const Scratch& scratch);
   void backward(dnnl::stream& s, const float* x, const float* w, const float* y, float* dy,
                 float* dx, float* dw, float* db, const Scratch& scratch);
+
+ private:
+  // One pass each, on tensors already bound; `winograd` picks the variant. Each waits for its work.
+  void forward_pass(dnnl::stream& s, const float* w, const Scratch& scratch, bool winograd);
+  void weights_pass(dnnl::stream& s, const Scratch& scratch, bool winograd);
+  void data_pass(dnnl::stream& s, const float* w, const Scratch& scratch, bool winograd);
+  void bind_wino_copies(const Scratch& scratch);
 };
 
-std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d, bool bf16);
+std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d, bool bf16,
+                                     CpuConvAlgo algo);
 std::unique_ptr<ConvPrims> make_deconv(const dnnl::engine& eng, const DeconvDesc& d, bool bf16);
 
 }  // namespace dp::cpu

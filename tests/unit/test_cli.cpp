@@ -53,6 +53,21 @@ TEST_F(Cli, BadOptionValueIsOneLineAndExit2) {
       << p.output;
 }
 
+// --cpu-conv: the choice is logged, a run trains with Winograd forced, an unknown value is refused.
+TEST_F(Cli, CpuConvAlgorithmOption) {
+  const auto r = test::run_command(dptrain(2, common() + " --epochs 1 --cpu-conv winograd"));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("fp32 convolutions (3x3: Winograd)"), std::string::npos) << r.output;
+  const auto d = test::run_command(dptrain(1, common() + " --epochs 1 --deterministic"));
+  EXPECT_EQ(d.status, 0) << d.output;
+  EXPECT_EQ(d.output.find("Winograd"), std::string::npos) << d.output;  // implies direct
+  const auto b = test::run_command(dptrain(2, common() + " --cpu-conv fast"));
+  EXPECT_EQ(b.status, 2) << b.output;
+  EXPECT_EQ(
+      count(b.output, "dptrain: error: --cpu-conv must be auto, direct or winograd, got 'fast'"), 1)
+      << b.output;
+}
+
 // --precision bf16 trains (and says so) where the CPU has bf16, else stops with the reason.
 TEST_F(Cli, Bf16PrecisionTrainsOrNamesWhatIsMissing) {
   const auto r = test::run_command(dptrain(2, common() + " --epochs 1 --precision bf16"));

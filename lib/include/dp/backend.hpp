@@ -183,8 +183,27 @@ void batchnorm_moments(const double* sums, int channels, double count, float eps
 // reductions are fp32 in both.
 enum class Precision { kFloat32, kBFloat16 };
 
+// How the CPU backend runs fp32 3x3 stride-1 convolutions, pass by pass (forward, backward data,
+// backward weights). kAuto: oneDNN's direct kernel, or its Winograd kernel (F(4x4, 3x3), on
+// blocked copies of the activations) where that measured faster on this machine: both are timed
+// on the layer's own tensors at the pass's first use, for passes of at least 0.2 GFLOP whose
+// Winograd scratchpad fits 96 MiB (the choice may differ between runs and ranks; results differ
+// in the last bits). kDirect: direct kernels only (bitwise reproducible runs). kWinograd:
+// Winograd wherever oneDNN has it, whatever its memory (tests).
+enum class CpuConvAlgo { kAuto, kDirect, kWinograd };
+
+struct CpuOptions {
+  Precision precision = Precision::kFloat32;
+  CpuConvAlgo conv_algo = CpuConvAlgo::kAuto;  // fp32 only: bf16 convolutions are direct
+};
+
 // The oneDNN backend (lib/cpu/). Threads follow OMP_NUM_THREADS. bf16 needs AVX512-BF16 or AMX.
-std::unique_ptr<Backend> make_cpu_backend(Precision precision = Precision::kFloat32);
+std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& options);
+inline std::unique_ptr<Backend> make_cpu_backend(Precision precision = Precision::kFloat32) {
+  return make_cpu_backend(CpuOptions{precision});
+}
+// Empty when oneDNN has Winograd convolutions on this CPU, else why not (test skips).
+std::string cpu_winograd_support();
 // Empty when this CPU runs bf16 convolutions natively, else why not (for errors and test skips).
 std::string cpu_bf16_support();
 

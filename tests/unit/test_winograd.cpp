@@ -1,0 +1,161 @@
+// The CPU backend's Winograd convolutions (CpuConvAlgo): each pass equals the direct kernel's
+// within Winograd's rounding, timing-based choice (kAuto) gives the same results, and a model
+// trains with them as with direct kernels.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "dp/backend.hpp"
+#include "dp/model.hpp"
+#include "dp/optim.hpp"
+#include "dp/rng.hpp"
+
+namespace dp {
+namespace {
+
+using Vec = std::vector<float>;
+
+#define SKIP_WITHOUT_WINOGRAD() \
+  if (!cpu_winograd_support().empty()) GTEST_SKIP() << cpu_winograd_support()
+
+Vec random_vec(size_t n, uint64_t seed) {
+  Rng rng(key(seed, 991));
+  Vec v(n);
+  for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
+  return v;
+}
+
+// max |a - b| / max |b|; infinite where a value is NaN (poisoned, never written).
+double rel_diff(const Vec& a, const Vec& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    num = std::max(num, double(std::fabs(a[i] - b[i])));
+    den = std::max(den, double(std::fabs(b[i])));
+  }
+  return num / std::max(den, 1e-30);
+}
+
+std::unique_ptr<Backend> backend(CpuConvAlgo algo) {
+  CpuOptions o;
+  o.conv_algo = algo;
+  return make_cpu_backend(o);
+}
+
+// Forward and backward of one convolution: output, data, weight and bias gradients, from the
+// last of `calls` calls (outputs are poisoned before each).
+struct ConvResult {
+  Vec y, dx, dw, db;
+};
+ConvResult run_conv(Backend& be, const ConvDesc& d, int calls = 1) {
+  const size_t src_n = size_t(d.src().numel()), dst_n = size_t(d.dst().numel());
+  const size_t w_n = size_t(d.cout) * size_t(d.cin) * 9;
+  const Vec x = random_vec(src_n, 1), w = random_vec(w_n, 2), b = random_vec(size_t(d.cout), 3);
+  const Vec dy0 = random_vec(dst_n, 4);
+  ConvResult r{Vec(dst_n), Vec(src_n), Vec(w_n), Vec(size_t(d.cout))};
+  for (int call = 0; call < calls; ++call) {
+    for (Vec* v : {&r.y, &r.dx, &r.dw, &r.db}) std::fill(v->begin(), v->end(), NAN);
+    be.conv_forward(d, x.data(), w.data(), b.data(), r.y.data());
+    Vec dy = dy0;
+    be.conv_backward(d, x.data(), w.data(), r.y.data(), dy.data(), r.dx.data(), r.dw.data(),
+                     r.db.data());
+  }
+  return r;
+}
+
+ConvDesc conv(int n, int h, int w, int cin, int cout, bool relu, bool bias) {
+  ConvDesc d{n, h, w, cin, cout, 3};
+  d.relu = relu;
+  d.bias = bias;
+  return d;
+}
+
+// Winograd F(4x4, 3x3) transforms cost a few bits: every pass within 2e-5 of the direct
+// kernel's result (relative to the largest value), and not bitwise equal (it really ran).
+TEST(Winograd, EachPassMatchesDirect) {
+  SKIP_WITHOUT_WINOGRAD();
+  auto direct = backend(CpuConvAlgo::kDirect);
+  auto wino = backend(CpuConvAlgo::kWinograd);
+  EXPECT_NE(wino->name().find("Winograd"), std::string::npos);
+  for (const ConvDesc& d :
+       {conv(2, 16, 16, 32, 48, true, true), conv(1, 12, 20, 16, 16, false, false),
+        conv(2, 9, 11, 64, 32, true, true)}) {
+    SCOPED_TRACE(std::to_string(d.cin) + "->" + std::to_string(d.cout) + " " + std::to_string(d.h) +
+                 "x" + std::to_string(d.w));
+    const ConvResult a = run_conv(*direct, d), b = run_conv(*wino, d);
+    std::printf("[winograd] %d->%d %dx%d: y %.2e dx %.2e dw %.2e db %.2e\n", d.cin, d.cout, d.h,
+                d.w, rel_diff(b.y, a.y), rel_diff(b.dx, a.dx), rel_diff(b.dw, a.dw),
+                d.bias ? rel_diff(b.db, a.db) : 0.0);
+    EXPECT_LT(rel_diff(b.y, a.y), 2e-5);
+    EXPECT_LT(rel_diff(b.dx, a.dx), 2e-5);
+    EXPECT_LT(rel_diff(b.dw, a.dw), 2e-5);
+    if (d.bias) {
+      EXPECT_LT(rel_diff(b.db, a.db), 2e-5);
+    }
+    EXPECT_GT(rel_diff(b.y, a.y), 0.0);
+    EXPECT_GT(rel_diff(b.dw, a.dw), 0.0);
+  }
+}
+
+// kAuto times both kernels on a pass large enough (0.6 GFLOP) at its first use and keeps the
+// faster: results match the direct kernel within Winograd's rounding after the choice (the second
+// call, whose outputs only the chosen kernels write).
+TEST(Winograd, TimedChoiceMatchesDirect) {
+  SKIP_WITHOUT_WINOGRAD();
+  const ConvDesc d = conv(2, 64, 64, 64, 64, true, true);
+  auto direct = backend(CpuConvAlgo::kDirect);
+  auto timed = backend(CpuConvAlgo::kAuto);
+  const ConvResult a = run_conv(*direct, d);
+  const ConvResult b = run_conv(*timed, d, 2);
+  EXPECT_LT(rel_diff(b.y, a.y), 2e-5);
+  EXPECT_LT(rel_diff(b.dx, a.dx), 2e-5);
+  EXPECT_LT(rel_diff(b.dw, a.dw), 2e-5);
+  EXPECT_LT(rel_diff(b.db, a.db), 2e-5);
+}
+
+// Five SGD steps of UNet16/2 (32 to 256 channels) on one batch with every 3x3 convolution it
+// can run that way on Winograd: the loss curve and the weights follow the direct kernels'.
+TEST(Winograd, TrainsLikeDirect) {
+  SKIP_WITHOUT_WINOGRAD();
+  constexpr int kBatch = 2, kSize = 32, kSteps = 5;
+  const size_t pixels = size_t(kBatch) * kSize * kSize;
+  const Vec input = random_vec(pixels * 3, 8);
+  Vec target = random_vec(pixels, 9);
+  for (float& t : target) t = t > 0.5f ? 1.0f : 0.0f;
+  ModelConfig mc;
+  mc.width_divisor = 2;
+  Vec losses[2], weights[2];
+  for (int b = 0; b < 2; ++b) {
+    auto be = backend(b == 0 ? CpuConvAlgo::kDirect : CpuConvAlgo::kWinograd);
+    auto model = make_model(mc, *be);
+    model->setup(kBatch, kSize, kSize);
+    model->params().init_pytorch_default(5);
+    Sgd sgd(model->params(), *be, {});
+    Vec diff(pixels);
+    for (int step = 0; step < kSteps; ++step) {
+      const float* logits = model->forward(input.data(), kBatch);
+      losses[b].push_back(float(be->bce_with_logits(int64_t(pixels), logits, target.data(), 1.0f,
+                                                    1.0f / float(pixels), diff.data()) /
+                                double(pixels)));
+      model->backward(diff.data());
+      sgd.step(0.1f);
+    }
+    weights[b].assign(model->params().values(),
+                      model->params().values() + model->params().arena_size());
+  }
+  std::printf("[winograd] loss %.6f -> %.6f (direct %.6f -> %.6f), weights %.2e apart\n",
+              losses[1].front(), losses[1].back(), losses[0].front(), losses[0].back(),
+              rel_diff(weights[1], weights[0]));
+  EXPECT_LT(losses[0].back(), losses[0].front());  // it learns
+  EXPECT_LT(rel_diff(losses[1], losses[0]), 1e-4);
+  EXPECT_LT(rel_diff(weights[1], weights[0]), 1e-4);
+  EXPECT_GT(rel_diff(weights[1], weights[0]), 0.0);  // Winograd ran
+}
+
+}  // namespace
+}  // namespace dp
