@@ -540,7 +540,7 @@ class CpuBackend final : public Backend {
   dnnl::engine eng_;
   dnnl::stream stream_;
   bool bf16_ = false;  // convolutions on bf16 copies of inputs, gradients and weights
-  CpuConvAlgo conv_algo_ = CpuConvAlgo::kAuto;
+  CpuConvAlgo conv_algo_ = CpuConvAlgo::kDirect;
   Buffer copies_scratch_;  // activation copies in bf16 or a blocked layout, one layer's at a time
   Buffer weight_scratch_;  // weights (or their gradient) in oneDNN's layout, one layer's at a time
   std::vector<float> scratch_a_, scratch_b_;  // per-channel values, sized on first use

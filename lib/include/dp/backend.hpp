@@ -184,17 +184,18 @@ void batchnorm_moments(const double* sums, int channels, double count, float eps
 enum class Precision { kFloat32, kBFloat16 };
 
 // How the CPU backend runs fp32 3x3 stride-1 convolutions, pass by pass (forward, backward data,
-// backward weights). kAuto: oneDNN's direct kernel, or its Winograd kernel (F(4x4, 3x3), on
-// blocked copies of the activations) where that measured faster on this machine: both are timed
-// on the layer's own tensors at the pass's first use, for passes of at least 0.2 GFLOP whose
-// Winograd scratchpad fits 96 MiB (the choice may differ between runs and ranks; results differ
-// in the last bits). kDirect: direct kernels only (bitwise reproducible runs). kWinograd:
-// Winograd wherever oneDNN has it, whatever its memory (tests).
-enum class CpuConvAlgo { kAuto, kDirect, kWinograd };
+// backward weights). kDirect (the library's default): oneDNN's direct kernels only, bitwise
+// reproducible. kAuto (dptrain's default, --cpu-conv): the direct kernel, or oneDNN's Winograd
+// kernel (F(4x4, 3x3), on blocked copies of the activations) where that measured faster on this
+// machine: both are timed on the layer's own tensors at the pass's first use, for passes of at
+// least 0.2 GFLOP whose Winograd scratchpad fits 96 MiB (the choice may differ between runs and
+// ranks; results differ in the last bits). kWinograd: Winograd wherever oneDNN has it, whatever
+// its memory (tests).
+enum class CpuConvAlgo { kDirect, kAuto, kWinograd };
 
 struct CpuOptions {
   Precision precision = Precision::kFloat32;
-  CpuConvAlgo conv_algo = CpuConvAlgo::kAuto;  // fp32 only: bf16 convolutions are direct
+  CpuConvAlgo conv_algo = CpuConvAlgo::kDirect;  // fp32 only: bf16 convolutions are direct
 };
 
 // The oneDNN backend (lib/cpu/). Threads follow OMP_NUM_THREADS. bf16 needs AVX512-BF16 or AMX.
