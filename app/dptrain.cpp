@@ -1,10 +1,13 @@
 // dptrain: data-parallel training of crack-segmentation UNets (mpirun -np N dptrain [options]).
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 
 #include "dp/mpi_comm.hpp"
 #include "train/options.hpp"
+#include "train/signals.hpp"
 #include "train/trainer.hpp"
 
 namespace {
@@ -17,8 +20,13 @@ void report(int rank, const char* what) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::unique_ptr<dp::app::PreemptionHandlers> preemption;
   std::unique_ptr<dp::mpi::Env> env;
   try {
+    // From the first instruction: a SIGTERM/SIGUSR1 during start-up is acted on at the first
+    // step boundary (checkpoint, exit 75) instead of killing the rank.
+    preemption = std::make_unique<dp::app::PreemptionHandlers>();
+    if (std::getenv("DP_TEST_PREEMPT_AT_START") != nullptr) std::raise(SIGUSR1);  // test hook
     env = std::make_unique<dp::mpi::Env>(&argc, &argv);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dptrain: error: %s\n", e.what());

@@ -11,6 +11,7 @@ namespace {
 
 // Written by the handler, read by the training loop: the only state a handler may touch.
 volatile std::sig_atomic_t g_preemption_signal = 0;
+int g_depth = 0;  // PreemptionHandlers alive (one thread: dptrain's main, then its Trainer)
 
 extern "C" void on_preemption_signal(int signal) {
   g_preemption_signal = signal;
@@ -27,12 +28,14 @@ void install(int signal, struct sigaction* old) {
 }  // namespace
 
 PreemptionHandlers::PreemptionHandlers() {
+  if (g_depth++ > 0) return;  // an outer instance (dptrain's main) already records signals
   g_preemption_signal = 0;
   install(SIGTERM, &old_term_);
   install(SIGUSR1, &old_usr1_);
 }
 
 PreemptionHandlers::~PreemptionHandlers() {
+  if (--g_depth > 0) return;
   sigaction(SIGTERM, &old_term_, nullptr);
   sigaction(SIGUSR1, &old_usr1_, nullptr);
 }

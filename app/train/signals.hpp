@@ -10,8 +10,10 @@ namespace dp::app {
 // (EX_TEMPFAIL of sysexits.h). Distinct from 0 (done), 1 (failure) and 2 (usage error).
 inline constexpr int kExitPreempted = 75;
 
-// While alive, SIGTERM and SIGUSR1 only set the preemption flag (cleared on construction); the
-// previous handlers are restored on destruction. Not nestable across threads; one per Trainer.
+// While alive, SIGTERM and SIGUSR1 only set the preemption flag; the outermost instance clears it
+// on construction and restores the previous handlers on destruction, inner ones change nothing
+// (dptrain's main holds one from before MPI start-up, so that an early signal is not lost, and
+// each Trainer holds one). Construct and destroy on one thread.
 class PreemptionHandlers {
  public:
   PreemptionHandlers();

@@ -56,6 +56,16 @@ TEST_F(Preempt, SignalOnOneRankCheckpointsMidEpochExits75AndTheRerunResumes) {
   EXPECT_FALSE(std::filesystem::exists(dir_.file("run/model_epoch_0_step_3.h5")));
 }
 
+// A signal during start-up (here raised on every rank before MPI starts) is not lost and does not
+// kill the ranks: the job stops resumably at the first step boundary.
+TEST_F(Preempt, SignalDuringStartUpStopsAtTheFirstStep) {
+  const auto p = test::run_command(dptrain(2, common(2), "DP_TEST_PREEMPT_AT_START=1"));
+  std::printf("%s", p.output.c_str());
+  EXPECT_EQ(p.status, kExitPreempted) << p.output;
+  EXPECT_TRUE(has(p.output, "received by 2 of 2 rank(s); stopping after step 1")) << p.output;
+  EXPECT_TRUE(std::filesystem::exists(dir_.file("run/model_epoch_0_step_1.h5")));
+}
+
 TEST_F(Preempt, SigusrToMpiexecStopsTheJobResumably) {
   // A long run; once its first epoch is logged, mpiexec gets SIGUSR1 and forwards it.
   const std::string log = dir_.file("log.txt");
