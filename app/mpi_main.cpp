@@ -1,0 +1,53 @@
+// run_mpi_program: the main() shared by dptrain and dppredict.
+#include "mpi_main.hpp"
+
+#include <cstdio>
+#include <exception>
+#include <memory>
+
+#include "train/options.hpp"
+#include "train/trainer.hpp"
+
+namespace dp::app {
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+void report(const char* program, int rank, const char* what) {
+  std::fprintf(stderr, "%s: error: [rank %d] %s\n", program, rank, what);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+int run_mpi_program(const char* program, int& argc, char**& argv,
+                    const std::function<int(mpi::MpiComm& world)>& body) {
+  std::unique_ptr<mpi::Env> env;
+  try {
+    env = std::make_unique<mpi::Env>(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    return kExitFailure;
+  }
+  int rank = 0;
+  try {
+    mpi::MpiComm world;
+    rank = world.rank();
+    return body(world);
+  } catch (const UsageError& e) {
+    // Every rank parses the same argv: a usage error is reported once, by rank 0.
+    if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    return kExitUsage;
+  } catch (const AgreedFailure& e) {
+    // Every rank knows; the rank that saw the problem says what it was.
+    if (e.report()) report(program, rank, e.what());
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    // Seen by this rank alone (e.g. a read error mid-epoch): end the whole job so no peer hangs.
+    report(program, rank, e.what());
+    mpi::Env::abort(kExitFailure);
+  }
+}
+
+}  // namespace dp::app
