@@ -38,9 +38,10 @@ struct Config {
   int batch = 4;
   int workers = 1;
   int prefetch = 2;
+  int gzip = 0;  // gzip level of the dataset's chunks (0: uncompressed)
   int divisor = 8;
   int steps = 6;   // measured steps per block
-  int blocks = 2;  // blocks of each mode, alternated (A B A B) to spread out machine noise
+  int blocks = 2;  // blocks of each mode, alternated (A B A B) to spread out machine noise; 0: none
   int epochs = 3;  // loader epochs per configuration; the first with cache fills it
 };
 
@@ -55,13 +56,15 @@ double median(std::vector<double> v) {
 }
 
 std::string dataset_path(const Config& c) {
-  const std::string path =
-      c.dir + "/dp-bench-data-" + std::to_string(c.size) + "-" + std::to_string(c.samples) + ".h5";
+  const std::string path = c.dir + "/dp-bench-data-" + std::to_string(c.size) + "-" +
+                           std::to_string(c.samples) +
+                           (c.gzip > 0 ? "-gzip" + std::to_string(c.gzip) : "") + ".h5";
   dp::data::SynthOptions so;
   so.train_count = c.samples;
   so.val_count = 0;
   so.height = so.width = c.size;
   so.seed = kSeed;
+  so.gzip_level = c.gzip;
   if (!dp::data::synthetic_matches(path, so)) {
     std::printf("writing %s (%d synthetic samples of %dx%d)...\n", path.c_str(), c.samples, c.size,
                 c.size);
@@ -136,9 +139,9 @@ void run(const Config& c) {
               load.substr(0, load.find(' ', load.find(' ', load.find(' ') + 1) + 1)).c_str());
 
   std::printf(
-      "\n| loader, %dx%d, batch %d, %d worker(s), prefetch %d | first epoch img/s | "
+      "\n| loader, %dx%d, gzip %d, batch %d, %d worker(s), prefetch %d | first epoch img/s | "
       "later epochs img/s |\n|---|---|---|\n",
-      c.size, c.size, c.batch, c.workers, c.prefetch);
+      c.size, c.size, c.gzip, c.batch, c.workers, c.prefetch);
   for (const auto augment : {dp::data::Augment::kNone, dp::data::Augment::kFull}) {
     for (const bool cache : {false, true}) {
       const std::vector<double> r = loader_rates(path, c, cache, augment);
@@ -148,6 +151,7 @@ void run(const Config& c) {
     }
   }
 
+  if (c.blocks == 0) return;
   // Training step time: batches from the Loader (HDF5, full augmentation, no cache) vs the same
   // first batch held in memory. Blocks alternate so that machine noise hits both modes alike.
   Trainer t(c);
@@ -209,9 +213,10 @@ int main(int argc, char** argv) {
       "batch", po::value(&c.batch)->default_value(c.batch), "batch size")(
       "workers", po::value(&c.workers)->default_value(c.workers), "loader workers")(
       "prefetch", po::value(&c.prefetch)->default_value(c.prefetch), "loader prefetch")(
+      "gzip", po::value(&c.gzip)->default_value(c.gzip), "gzip level of the dataset (0-9)")(
       "divisor", po::value(&c.divisor)->default_value(c.divisor), "unet16 width divisor")(
       "steps", po::value(&c.steps)->default_value(c.steps), "steps per block")(
-      "blocks", po::value(&c.blocks)->default_value(c.blocks), "blocks per mode")(
+      "blocks", po::value(&c.blocks)->default_value(c.blocks), "blocks per mode (0: loader only)")(
       "epochs", po::value(&c.epochs)->default_value(c.epochs), "loader epochs per row");
   try {
     po::variables_map vm;
@@ -221,8 +226,8 @@ int main(int argc, char** argv) {
       std::cout << desc << "\n";
       return 0;
     }
-    DP_CHECK(c.samples >= c.batch && c.batch >= 1 && c.epochs >= 2 && c.steps >= 1 && c.blocks >= 1,
-             "need samples >= batch >= 1, epochs >= 2, steps >= 1, blocks >= 1");
+    DP_CHECK(c.samples >= c.batch && c.batch >= 1 && c.epochs >= 2 && c.steps >= 1 && c.blocks >= 0,
+             "need samples >= batch >= 1, epochs >= 2, steps >= 1, blocks >= 0");
     run(c);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_data: error: %s\n", e.what());

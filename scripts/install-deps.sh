@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   openmpi-bin libopenmpi-dev
-  libhdf5-dev hdf5-tools
+  libhdf5-dev hdf5-tools zlib1g-dev
   libturbojpeg0-dev libpng-dev
   libboost-program-options-dev
   libdnnl-dev ocl-icd-opencl-dev

@@ -265,7 +265,8 @@ void render_synthetic(const SynthOptions& options, uint64_t stream, uint8_t* ima
 
 void write_synthetic(const std::string& path, const SynthOptions& options) {
   check_options(options);
-  DatasetWriter writer(path, options.height, options.width, options.train_count, options.val_count);
+  DatasetWriter writer(path, options.height, options.width, options.train_count, options.val_count,
+                       options.gzip_level);
   const size_t pixels = static_cast<size_t>(options.height) * options.width;
   std::vector<uint8_t> image(pixels * kChannels), mask(pixels);
   for (int64_t i = 0; i < options.train_count; ++i) {

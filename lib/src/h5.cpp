@@ -10,6 +10,8 @@
 #include <numeric>
 #include <utility>
 
+#include <zlib.h>
+
 #include "dp/error.hpp"
 
 namespace dp::h5 {
@@ -529,6 +531,33 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return s + "]";
 }
 
+// Bytes of one row if each row of `dset` is one chunk filtered by deflate alone, else 0.
+size_t deflated_row_bytes(hid_t dset, const std::vector<int64_t>& shape, const std::string& name) {
+  Id dcpl = DP_H5_ID(H5Dget_create_plist(dset), "reading the creation properties of '", name, "'");
+  if (shape.empty() || H5Pget_layout(dcpl.get()) != H5D_CHUNKED ||
+      H5Pget_nfilters(dcpl.get()) != 1) {
+    return 0;
+  }
+  unsigned flags = 0;
+  size_t n_values = 0;
+  if (H5Pget_filter2(dcpl.get(), 0, &flags, &n_values, nullptr, 0, nullptr, nullptr) !=
+      H5Z_FILTER_DEFLATE) {
+    return 0;
+  }
+  std::vector<hsize_t> chunk(shape.size());
+  if (H5Pget_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()) !=
+          static_cast<int>(shape.size()) ||
+      chunk[0] != 1) {
+    return 0;
+  }
+  size_t bytes = 1;
+  for (size_t d = 1; d < shape.size(); ++d) {
+    if (chunk[d] != static_cast<hsize_t>(shape[d])) return 0;
+    bytes *= static_cast<size_t>(chunk[d]);
+  }
+  return bytes;
+}
+
 }  // namespace
 
 Dataset::Dataset(Id id, std::string name) {
@@ -553,6 +582,7 @@ Dataset::Dataset(Id id, std::string name) {
   } else {
     fail("dataset '", name, "' has type ", type_name(type.get()), ", expected uint8 or float32");
   }
+  if (type_ == Type::kUint8) deflated_row_bytes_ = deflated_row_bytes(id.get(), shape_, name);
   attrs_ = Attrs(std::move(id), std::move(name));
 }
 
@@ -678,7 +708,12 @@ void Dataset::write_rows(int64_t first, int64_t count, const uint8_t* data) {
 }
 
 void Dataset::read_rows(int64_t first, int64_t count, uint8_t* data) const {
-  read_rows_as(Type::kUint8, first, count, data);
+  if (count == 1 && deflated_row_bytes_ > 0) {
+    check_rows(shape_, first, count, name());
+    read_deflated_row(first, data);
+  } else {
+    read_rows_as(Type::kUint8, first, count, data);
+  }
 }
 
 void Dataset::read_rows(int64_t first, int64_t count, float* data) const {
@@ -695,6 +730,41 @@ void Dataset::read_rows_as(Type type, int64_t first, int64_t count, void* data) 
   DP_H5_CHECK_MSG(
       H5Dread(attrs_.id(), mem_type(type_), mem_space.get(), file_space.get(), H5P_DEFAULT, data),
       "reading rows [", first, ", ", first + count, ") of dataset '", name(), "'");
+}
+
+// The raw chunk is read under the lock into this thread's buffer, then inflated without the lock.
+void Dataset::read_deflated_row(int64_t row, uint8_t* data) const {
+  thread_local std::vector<uint8_t> chunk;  // grows to the largest compressed row, never shrinks
+  hsize_t offset[H5S_MAX_RANK] = {static_cast<hsize_t>(row)};
+  hsize_t size = 0;
+  uint32_t filters = 0;
+  {
+    Guard guard;
+    // A row never written has no chunk (size 0, or an error from HDF5 1.10): H5Dread gives the
+    // fill value, or HDF5's own error.
+    if (H5Dget_chunk_storage_size(attrs_.id(), offset, &size) < 0 || size == 0) {
+      H5Eclear2(H5E_DEFAULT);
+      read_rows_as(Type::kUint8, row, 1, data);
+      return;
+    }
+    if (chunk.size() < size) chunk.resize(size);
+    DP_H5_CHECK_MSG(H5Dread_chunk(attrs_.id(), H5P_DEFAULT, offset, &filters, chunk.data()),
+                    "reading the chunk of row ", row, " of dataset '", name(), "'");
+  }
+  const size_t want = deflated_row_bytes_;
+  if (filters & 1u) {  // deflate skipped (it failed when written, or direct write): the raw row
+    DP_CHECK(size == want, "dataset '", name(), "': row ", row, " is stored uncompressed in ", size,
+             " bytes, expected ", want);
+    std::memcpy(data, chunk.data(), want);
+    return;
+  }
+  uLongf out = want;
+  const int rc = uncompress(data, &out, chunk.data(), size);
+  if (rc != Z_OK || out != want) {
+    fail("dataset '", name(), "': cannot inflate row ", row, " (", size, " bytes compressed): ",
+         rc == Z_OK ? str_cat("it inflates to ", out, " bytes") : str_cat("zlib ", zError(rc)),
+         ", expected a zlib stream of ", want, " bytes");
+  }
 }
 
 }  // namespace dp::h5

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dp/dataset.hpp"
@@ -263,6 +264,140 @@ TEST(H5, ErrorMessagesNamePathAndObject) {
   EXPECT_TRUE(contains(msg, "test_data.cpp:")) << msg;
   EXPECT_GT(msg.size(), std::string("H5Gopen2(f.id(), \"absent\", H5P_DEFAULT): ").size() + 10)
       << msg;
+}
+
+// The stored chunk of `row` of dataset `name` in `path` (row-sized chunks) and its filter mask,
+// through HDF5's direct chunk calls.
+std::vector<uint8_t> raw_chunk(const std::string& path, const std::string& name, int64_t row,
+                               uint32_t& filters) {
+  std::lock_guard<std::recursive_mutex> lock(dp::h5::mutex());
+  dp::h5::Id file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  dp::h5::Id dset(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT));
+  const hsize_t offset[H5S_MAX_RANK] = {static_cast<hsize_t>(row)};
+  hsize_t size = 0;
+  filters = 0;
+  if (H5Dget_chunk_storage_size(dset.get(), offset, &size) < 0 || size == 0) {  // no chunk
+    H5Eclear2(H5E_DEFAULT);
+    return {};
+  }
+  std::vector<uint8_t> bytes(size);
+  DP_H5_CHECK(H5Dread_chunk(dset.get(), H5P_DEFAULT, offset, &filters, bytes.data()));
+  return bytes;
+}
+
+// Replaces the stored chunk of `row` by `bytes` with HDF5's filter mask `filters` (1: deflate
+// skipped, `bytes` are the raw row).
+void write_raw_chunk(const std::string& path, const std::string& name, int64_t row,
+                     const std::vector<uint8_t>& bytes, uint32_t filters = 0) {
+  std::lock_guard<std::recursive_mutex> lock(dp::h5::mutex());
+  dp::h5::Id file(H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+  dp::h5::Id dset(H5Dopen2(file.get(), name.c_str(), H5P_DEFAULT));
+  const hsize_t offset[H5S_MAX_RANK] = {static_cast<hsize_t>(row)};
+  DP_H5_CHECK(H5Dwrite_chunk(dset.get(), H5P_DEFAULT, filters, offset, bytes.size(), bytes.data()));
+}
+
+// One-row reads of a gzip dataset (inflated outside the HDF5 lock) match H5Dread's multi-row and
+// whole-dataset reads: compressed rows, a row stored with deflate skipped (filter mask 1) and a
+// row never written (the fill value, 0).
+TEST(H5, DeflatedRowsMatchH5Dread) {
+  TempDir dir;
+  const std::string path = dir.file("gz.h5");
+  const int h = 9, w = 11;
+  const int64_t n = 6, row = h * w * 3;
+  std::vector<uint8_t> want(n * row, 0), image, mask;
+  for (int64_t i = 0; i < 4; ++i) {
+    make_sample(i, h, w, image, mask);
+    std::copy(image.begin(), image.end(), want.begin() + i * row);
+  }
+  dp::Rng rng(7);
+  for (int64_t k = 0; k < row; ++k) want[4 * row + k] = static_cast<uint8_t>(rng.next());
+  {
+    dp::h5::File f(path, dp::h5::Mode::kTruncate);
+    auto d = dp::h5::Dataset::create(f, "d", dp::h5::Type::kUint8, {n, h, w, 3}, {1, h, w, 3}, 6);
+    d.write_rows(0, 4, want.data());  // row 5 stays unallocated
+  }
+  write_raw_chunk(path, "d", 4, {want.begin() + 4 * row, want.begin() + 5 * row}, 1);
+  uint32_t filters = 0;
+  EXPECT_FALSE(raw_chunk(path, "d", 0, filters).empty());
+  EXPECT_EQ(filters, 0u);  // deflated
+  EXPECT_EQ(raw_chunk(path, "d", 4, filters).size(), static_cast<size_t>(row));
+  EXPECT_EQ(filters, 1u);
+  EXPECT_TRUE(raw_chunk(path, "d", 5, filters).empty());
+
+  dp::h5::File f(path, dp::h5::Mode::kRead);
+  auto d = dp::h5::Dataset::open(f, "d");
+  std::vector<uint8_t> whole(want.size()), one(row), two(2 * row);
+  d.read(whole.data());
+  EXPECT_EQ(whole, want);
+  for (int64_t i = 0; i < n; ++i) {
+    d.read_rows(i, 1, one.data());
+    EXPECT_TRUE(std::equal(one.begin(), one.end(), want.begin() + i * row)) << i;
+    if (i + 1 < n) {
+      d.read_rows(i, 2, two.data());
+      EXPECT_TRUE(std::equal(two.begin(), two.end(), want.begin() + i * row)) << i;
+    }
+  }
+  EXPECT_TRUE(contains(error_of([&] { d.read_rows(n, 1, one.data()); }), "out of range"));
+}
+
+// Threads reading one gzip dataset v1 (DatasetWriter's layout) at once all get the right bytes.
+TEST(H5, DeflatedRowsReadConcurrently) {
+  TempDir dir;
+  const std::string path = dir.file("gz.h5");
+  const int h = 64, w = 96, n = 16, threads = 4, rounds = 8;
+  write_test_dataset(path, n, 1, h, w, 1);
+  dp::data::Dataset train(path, "train");
+  std::vector<std::string> problems(threads);  // each thread's first wrong sample or error
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      std::vector<uint8_t> image(h * w * 3), mask(h * w), want_image, want_mask;
+      for (int k = 0; k < rounds * n && problems[t].empty(); ++k) {
+        const int64_t i = (k * (2 * t + 1) + t) % n;  // a different order in each thread
+        try {
+          train.read(i, image.data(), mask.data());
+        } catch (const dp::Error& e) {
+          problems[t] = e.what();
+        }
+        make_sample(i, h, w, want_image, want_mask);
+        if (problems[t].empty() && (image != want_image || mask != want_mask)) {
+          problems[t] = dp::str_cat("sample ", i, " differs");
+        }
+      }
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  EXPECT_EQ(problems, std::vector<std::string>(threads));
+}
+
+// A damaged compressed chunk is one line naming the dataset, the row and the expected size.
+TEST(H5, CorruptDeflatedRowIsOneLineError) {
+  TempDir dir;
+  const std::string path = dir.file("gz.h5");
+  const int h = 12, w = 10;
+  write_test_dataset(path, 4, 1, h, w, 4);
+  uint32_t filters = 0;
+  std::vector<uint8_t> chunk = raw_chunk(path, "train/images", 1, filters);
+  ASSERT_EQ(filters, 0u);
+  ASSERT_GT(chunk.size(), 8u);
+  for (size_t k = 2; k < chunk.size(); k += 2) chunk[k] ^= 0x5a;
+  write_raw_chunk(path, "train/images", 1, chunk);
+  // A valid stream of the wrong size: the mask of row 2 (h*w bytes) as image row 3 (h*w*3).
+  write_raw_chunk(path, "train/images", 3, raw_chunk(path, "train/masks", 2, filters));
+
+  dp::data::Dataset train(path, "train");
+  std::vector<uint8_t> image(h * w * 3), mask(h * w);
+  train.read(0, image.data(), mask.data());
+  train.read(2, image.data(), mask.data());
+  for (int64_t i : {1, 3}) {
+    const std::string msg = error_of([&] { train.read(i, image.data(), mask.data()); });
+    EXPECT_TRUE(contains(msg, path + ":/train/images")) << msg;
+    EXPECT_TRUE(contains(msg, dp::str_cat("cannot inflate row ", i))) << msg;
+    EXPECT_TRUE(contains(msg, dp::str_cat("expected a zlib stream of ", h * w * 3, " bytes")))
+        << msg;
+    EXPECT_FALSE(contains(msg, "\n")) << msg;
+    EXPECT_EQ(contains(msg, dp::str_cat("inflates to ", h * w, " bytes")), i == 3) << msg;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ struct SynthOptions {
   int height = 64;
   int width = 64;
   uint64_t seed = 1;
+  int gzip_level = 0;  // of the written chunks; synthetic_matches does not compare it
 };
 
 // Renders sample `index` of the stream `seed` (a pure function of both): image H*W*3 uint8 and

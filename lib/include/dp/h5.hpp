@@ -102,7 +102,9 @@ class Dataset {
   void write(const uint8_t* data);
   void read(float* data) const;
   void read(uint8_t* data) const;
-  // I/O of rows [first, first+count) along dimension 0 (one sample = one row).
+  // I/O of rows [first, first+count) along dimension 0 (one sample = one row). One uint8 row of a
+  // dataset whose chunks are single rows compressed by deflate alone is read raw under the lock
+  // and inflated after it, so threads reading rows decompress in parallel.
   void write_rows(int64_t first, int64_t count, const uint8_t* data);
   void read_rows(int64_t first, int64_t count, uint8_t* data) const;
   void read_rows(int64_t first, int64_t count, float* data) const;
@@ -117,9 +119,11 @@ class Dataset {
   };
   Dataset(Id id, std::string name);
   void read_rows_as(Type type, int64_t first, int64_t count, void* data) const;
+  void read_deflated_row(int64_t row, uint8_t* data) const;
   Attrs attrs_;
   std::vector<int64_t> shape_;
   Type type_ = Type::kFloat32;
+  size_t deflated_row_bytes_ = 0;  // > 0: one-row chunks, deflate alone, uint8; bytes of a row
 };
 
 }  // namespace dp::h5
