@@ -209,6 +209,7 @@ struct ConvEngine::Plan {
   bool bf16 = false;  // the operands are bf16 copies (a bf16 engine, where cuDNN allows it)
   bool fuse = true;   // cudnnConvolutionBiasActivationForward has not been refused
   std::string why;    // why the last algorithm search failed
+  bool short_of_memory = false;  // ... because supported algorithms' workspace did not fit
 
   size_t filter_bytes() const { return sizeof(float) * filter_numel(); }
   size_t filter_numel() const { return size_t(k) * size_t(c) * size_t(r) * size_t(r); }
@@ -455,6 +456,7 @@ std::string ConvEngine::search_conditions(const Plan& p) const {
 
 bool ConvEngine::try_ensure(Plan& p, int pass, const void* x, const void* w, const void* y) {
   if (p.pass[pass].ready) return true;
+  p.short_of_memory = false;
   std::string why_nchw;
   if (!force_krsc_) {
     if (choose(p, pass, false, x, w, y)) return true;
@@ -486,6 +488,10 @@ void ConvEngine::build(Plan& p) {
   void* y = base + p.lowp_y_offset();
   for (int pass : {kForward, kBackwardData, kBackwardFilter}) {
     if (try_ensure(p, pass, x, w, y)) continue;
+    // Device memory, not bf16 support, is missing: the same error as in ensure(), on this rank.
+    if (p.short_of_memory)
+      fail("cuDNN offers no usable ", kPassName[pass], " algorithm for ", p.what,
+           search_conditions(p), ": ", p.why);
     options_.log.info("cuDNN: ", p.what, " runs in fp32", options_.tf32 ? " (TF32)" : "",
                       " instead of bf16: no usable bf16 ", kPassName[pass], " algorithm",
                       search_conditions(p), ": ", p.why);
@@ -598,6 +604,7 @@ bool ConvEngine::choose(Plan& p, int pass, bool krsc, const void* x, const void*
     return true;
   }
   DP_CUDNN_CHECK(cudnnSetConvolutionMathType(ps.conv.get(), base_math));
+  p.short_of_memory = p.short_of_memory || out_of_memory;
   p.why = out_of_memory ? str_cat("the workspace of the supported algorithms does not fit in ",
                                   heap_.device(), " next to the ",
                                   format_mib(double(heap_.allocated())), " held")

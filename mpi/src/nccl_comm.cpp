@@ -37,8 +37,14 @@ NcclComm::NcclComm(const MpiComm& mpi) : rank_(mpi.rank()), size_(mpi.size()) {
   if (first_failed < size_)
     throw NcclPeerFailed(
         str_cat("NCCL set-up: rank ", first_failed, " failed before creating the communicator"));
-  DP_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi.native()));
-  const ncclResult_t status = ncclCommInitRank(&comm_, size_, id, rank_);
+  // From here on the peers may already be inside ncclCommInitRank: any failure is NcclInitError.
+  ncclResult_t status = ncclSuccess;
+  try {
+    DP_MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, mpi.native()));
+    status = ncclCommInitRank(&comm_, size_, id, rank_);
+  } catch (const std::exception& e) {
+    throw NcclInitError(e.what());
+  }
   if (status != ncclSuccess) {
     const char* detail = ncclGetLastError(nullptr);
     throw NcclInitError(str_cat("NCCL error in ncclCommInitRank: ", ncclGetErrorString(status),
