@@ -57,7 +57,10 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
       "overlap", po::value(&o.overlap),
       "pixels shared by neighbouring tiles (default: a quarter of the tile)")(
       "batch-size,b", po::value(&o.batch_size)->default_value(o.batch_size),
-      "tiles per forward pass")("help,h", "show this help");
+      "tiles per forward pass")(
+      "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
+      "3x3 convolutions: auto (direct or Winograd, whichever is faster when timed at first "
+      "use), direct (bitwise reproducible) or winograd")("help,h", "show this help");
   po::options_description hidden;
   hidden.add_options()("input", po::value(&o.inputs)->composing(), "images or folders");
   po::positional_options_description positional;
@@ -96,6 +99,7 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
           "'");
   require(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got ", o.threshold);
   require(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
+  parse_cpu_conv(o.cpu_conv);
   require(vm.count("overlap") == 0 || o.overlap >= 0, "--overlap must be >= 0, got ", o.overlap);
   require(!(o.out.empty() && (o.save_prob || o.overlay)), "--save-prob and --overlay need --out");
   if (!tile.empty()) parse_tile(tile, o.tile_height, o.tile_width);

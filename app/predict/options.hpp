@@ -20,6 +20,7 @@ struct PredictOptions {
   int tile_height = 0, tile_width = 0;  // 0: the checkpoint's training size
   int overlap = -1;                     // pixels; -1: a quarter of the smaller tile side
   int batch_size = 4;                   // tiles per forward pass
+  std::string cpu_conv = "auto";        // 3x3 convolution kernels (dptrain's --cpu-conv)
   bool quiet = false;                   // no progress bar or lines
 
   bool from_dataset() const { return !dataset.empty(); }

@@ -34,7 +34,9 @@ Predictor::Predictor(const std::string& checkpoint, const PredictorOptions& opti
   mc.name = meta_.model;
   mc.width_divisor = int(meta_.width_divisor);
   mc.deconv = meta_.deconv != 0;
-  backend_ = make_cpu_backend();
+  CpuOptions co;
+  co.conv_algo = options.conv_algo;
+  backend_ = make_cpu_backend(co);
   model_ = make_model(mc, *backend_);
   const int m = model_->size_multiple();
   if (tile_height_ % m != 0 || tile_width_ % m != 0)

@@ -16,6 +16,7 @@ struct PredictorOptions {
   int tile_height = 0, tile_width = 0;  // 0: the size the checkpoint was trained on
   int overlap = -1;                     // pixels shared by neighbouring tiles; -1: tile / 4
   int batch = 4;                        // tiles per forward pass
+  CpuConvAlgo conv_algo = CpuConvAlgo::kDirect;  // 3x3 convolution kernels (dppredict: auto)
 };
 
 class Predictor {

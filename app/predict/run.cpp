@@ -219,6 +219,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     po.tile_width = o.tile_width;
     po.overlap = o.overlap;
     po.batch = o.batch_size;
+    po.conv_algo = parse_cpu_conv(o.cpu_conv);
     predictor = std::make_unique<Predictor>(o.checkpoint, po);
     if (o.from_dataset()) {
       dataset = std::make_unique<data::Dataset>(o.dataset, o.split);

@@ -307,8 +307,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(o.check_sync_every >= 0, "--check-sync-every must be >= 0, got ", o.check_sync_every);
   require(vm.count("width-divisor") == 0 || (o.width_divisor >= 1 && 32 % o.width_divisor == 0),
           "--width-divisor must be one of 1, 2, 4, 8, 16, 32, got ", o.width_divisor);
-  require(o.cpu_conv == "auto" || o.cpu_conv == "direct" || o.cpu_conv == "winograd",
-          "--cpu-conv must be auto, direct or winograd, got '", o.cpu_conv, "'");
+  parse_cpu_conv(o.cpu_conv);
   require(o.precision == "fp32" || o.precision == "bf16", "--precision must be fp32 or bf16, got '",
           o.precision, "'");
   require(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
@@ -322,6 +321,13 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   }
   require(known, "unknown --model '", o.model, "' (known: ", names, ")");
   return o;
+}
+
+CpuConvAlgo parse_cpu_conv(const std::string& value) {
+  if (value == "auto") return CpuConvAlgo::kAuto;
+  if (value == "direct") return CpuConvAlgo::kDirect;
+  if (value == "winograd") return CpuConvAlgo::kWinograd;
+  throw UsageError(str_cat("--cpu-conv must be auto, direct or winograd, got '", value, "'"));
 }
 
 }  // namespace dp::app

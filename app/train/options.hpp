@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "dp/backend.hpp"
 #include "dp/error.hpp"
 
 namespace dp::app {
@@ -93,5 +94,8 @@ struct TrainOptions {
 
 // Parses argv. Returns nullopt after printing --help. Throws UsageError on any bad value.
 std::optional<TrainOptions> parse_train_options(int argc, const char* const* argv, bool print_help);
+
+// --cpu-conv's value (auto, direct or winograd) as a CpuConvAlgo; UsageError for anything else.
+CpuConvAlgo parse_cpu_conv(const std::string& value);
 
 }  // namespace dp::app

@@ -328,9 +328,7 @@ std::unique_ptr<Backend> Trainer::make_backend(bool use_gpu) {
     CpuOptions co;
     co.precision = precision;
     // Timing-based choices differ between runs: reproducible runs use the direct kernels.
-    co.conv_algo = opt_.deterministic || opt_.cpu_conv == "direct" ? CpuConvAlgo::kDirect
-                   : opt_.cpu_conv == "winograd"                   ? CpuConvAlgo::kWinograd
-                                                                   : CpuConvAlgo::kAuto;
+    co.conv_algo = opt_.deterministic ? CpuConvAlgo::kDirect : parse_cpu_conv(opt_.cpu_conv);
     return make_cpu_backend(co);
   }
 #ifdef DP_WITH_CUDA

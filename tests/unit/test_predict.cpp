@@ -274,6 +274,10 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   EXPECT_NE(r.output.find("(8 images, 32768 pixels, threshold 0.5)"), std::string::npos)
       << r.output;
   EXPECT_NEAR(printed(r.output, "iou"), meta.valid_iou[0], kIouTol) << r.output;
+  // Winograd kernels (3x3 convolutions of 16-multiple channels here) change only the last bits.
+  r = test::run_command(dppredict(2, "--dataset " + data_ + " -q --cpu-conv winograd"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NEAR(printed(r.output, "iou"), meta.valid_iou[0], kIouTol) << r.output;
 
   // 2. A threshold that splits the pixels (after one epoch the probabilities may all sit on one
   //    side of 0.5): between two distinct probabilities near the 90th percentile, so that no
@@ -423,6 +427,8 @@ TEST_F(Predict, BadInputIsOneErrorLineAndANonZeroExit) {
       {0, transparent, "--out is required", 2},
       {0, "--dataset " + data_ + " --split test", "--split must be train or val", 2},
       {0, "--no-such-option", "unrecognised option", 2},
+      {0, "--dataset " + data_ + " --cpu-conv fast",
+       "--cpu-conv must be auto, direct or winograd, got 'fast'", 2},
   };
   for (const Case& c : cases) {
     const std::string args = "-c " + checkpoint_ + " " + c.args;
