@@ -13,7 +13,7 @@
 #include "dp/backend.hpp"
 #include "dp/model.hpp"
 #include "dp/optim.hpp"
-#include "dp/rng.hpp"
+#include "tensor_util.hpp"
 
 namespace dp {
 namespace {
@@ -23,23 +23,8 @@ using Vec = std::vector<float>;
 #define SKIP_WITHOUT_WINOGRAD() \
   if (!cpu_winograd_support().empty()) GTEST_SKIP() << cpu_winograd_support()
 
-Vec random_vec(size_t n, uint64_t seed) {
-  Rng rng(key(seed, 991));
-  Vec v(n);
-  for (float& x : v) x = rng.uniform(-1.0f, 1.0f);
-  return v;
-}
-
-// max |a - b| / max |b|; infinite where a value is NaN (poisoned, never written).
-double rel_diff(const Vec& a, const Vec& b) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
-    num = std::max(num, double(std::fabs(a[i] - b[i])));
-    den = std::max(den, double(std::fabs(b[i])));
-  }
-  return num / std::max(den, 1e-30);
-}
+using test::random_vec;
+using test::rel_diff;
 
 std::unique_ptr<Backend> backend(CpuConvAlgo algo) {
   CpuOptions o;
