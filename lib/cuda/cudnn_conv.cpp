@@ -329,7 +329,7 @@ ConvEngine::Plan& ConvEngine::conv_plan(const ConvDesc& d) {
   p->r = d.kernel;
   p->stride = d.stride;
   p->pad = d.padding();
-  in_context(*p, [&] { build(*p); });
+  in_context(*p, [&] { build(*p, true); });
   slot = std::move(p);
   return *slot;
 }
@@ -359,7 +359,7 @@ ConvEngine::Plan& ConvEngine::deconv_plan(const DeconvDesc& d) {
   p->r = d.kernel;
   p->stride = d.stride;
   p->pad = d.pad;
-  in_context(*p, [&] { build(*p); });
+  in_context(*p, [&] { build(*p, false); });
   slot = std::move(p);
   return *slot;
 }
@@ -474,31 +474,32 @@ void ConvEngine::ensure(Plan& p, int pass, const void* x, const void* w, const v
        ": ", p.why);
 }
 
-void ConvEngine::build(Plan& p) {
+void ConvEngine::build(Plan& p, bool data_pass_on_use) {
   p.bf16 = bf16_;
   init_plan(&p, options_);
-  if (!p.bf16) return;
-  // bf16: all three algorithms now, on the bf16 regions every call of the plan uses (their
-  // contents do not matter to the search). The first pass cuDNN cannot do in bf16 makes the
-  // plan fp32, whose algorithms are then chosen on first use as in an fp32 engine.
+  // bf16: the algorithms now. The first pass cuDNN cannot do in bf16 makes the plan fp32, whose
+  // algorithms are then chosen on first use as in an fp32 engine.
+  for (int pass : {kForward, kBackwardData, kBackwardFilter}) {
+    if (!p.bf16 || (pass == kBackwardData && data_pass_on_use)) continue;
+    if (!keep_bf16(p, pass)) return;
+  }
+}
+
+bool ConvEngine::keep_bf16(Plan& p, int pass) {
+  // On the bf16 regions every call of the plan uses (their contents do not matter to the search).
   reserve_lowp(p);
   char* base = static_cast<char*>(lowp_.data());
-  void* x = base;
-  void* w = base + p.lowp_w_offset();
-  void* y = base + p.lowp_y_offset();
-  for (int pass : {kForward, kBackwardData, kBackwardFilter}) {
-    if (try_ensure(p, pass, x, w, y)) continue;
-    // Device memory, not bf16 support, is missing: the same error as in ensure(), on this rank.
-    if (p.short_of_memory)
-      fail("cuDNN offers no usable ", kPassName[pass], " algorithm for ", p.what,
-           search_conditions(p), ": ", p.why);
-    options_.log.info("cuDNN: ", p.what, " runs in fp32", options_.tf32 ? " (TF32)" : "",
-                      " instead of bf16: no usable bf16 ", kPassName[pass], " algorithm",
-                      search_conditions(p), ": ", p.why);
-    p.bf16 = false;
-    init_plan(&p, options_);
-    return;
-  }
+  if (try_ensure(p, pass, base, base + p.lowp_w_offset(), base + p.lowp_y_offset())) return true;
+  // Device memory, not bf16 support, is missing: the same error as in ensure(), on this rank.
+  if (p.short_of_memory)
+    fail("cuDNN offers no usable ", kPassName[pass], " algorithm for ", p.what,
+         search_conditions(p), ": ", p.why);
+  options_.log.info("cuDNN: ", p.what, " runs in fp32", options_.tf32 ? " (TF32)" : "",
+                    " instead of bf16: no usable bf16 ", kPassName[pass], " algorithm",
+                    search_conditions(p), ": ", p.why);
+  p.bf16 = false;
+  init_plan(&p, options_);
+  return false;
 }
 
 bool ConvEngine::choose(Plan& p, int pass, bool krsc, const void* x, const void* w, const void* y) {
@@ -740,7 +741,9 @@ void ConvEngine::backward_filter(Plan& p, const void* x, const void* dy, float* 
 }
 
 bool ConvEngine::runs_in_bf16(const ConvDesc& d) {
-  return conv_plan(d).bf16;
+  Plan& p = conv_plan(d);
+  if (p.bf16 && !p.pass[kBackwardData].ready) in_context(p, [&] { keep_bf16(p, kBackwardData); });
+  return p.bf16;
 }
 
 bool ConvEngine::runs_in_bf16(const DeconvDesc& d) {
@@ -776,6 +779,8 @@ void ConvEngine::conv_backward(const ConvDesc& d, const float* src, const float*
     if (d.relu) kernels::relu_backward(s, p.y_pixels() * p.k, dst, diff_dst, diff_dst);
     if (d.bias) kernels::bias_backward(s, p.y_pixels(), p.k, diff_dst, diff_bias);
     if (diff_weight == nullptr && diff_src == nullptr) return;
+    // The data gradient's first use: a bf16 plan without a bf16 algorithm for it turns fp32 now.
+    if (diff_src != nullptr && p.bf16 && !p.pass[kBackwardData].ready) keep_bf16(p, kBackwardData);
     reserve_lowp(p);
     // One bf16 copy of the (masked) output gradient serves both passes.
     const void* dy = operand(p, Side::kY, diff_dst);

@@ -102,10 +102,11 @@ class Arena {
 // PyTorch's autocast (bf16 conv outputs and weight gradients) rounds them. KRSC filters are
 // converted (and filter gradients widened) in KRSC order directly. The bias gradient is the fp32
 // kernels::bias_backward on the fp32 output gradient. Algorithms are searched on the bf16 operands.
-// A shape for which cuDNN offers no usable bf16 algorithm for one of the three passes (e.g. 3 input
-// channels, 1 output channel) gets an fp32 plan instead (all passes fp32, TF32 per options.tf32,
-// the fused bias + ReLU allowed), decided when the plan is built and logged once (options.log);
-// every other shape stays bf16. runs_in_bf16() says which a shape got.
+// A shape for which cuDNN offers no usable bf16 algorithm for one of the passes it runs (e.g. 3
+// input channels, 1 output channel) gets an fp32 plan instead (all passes fp32, TF32 per
+// options.tf32, the fused bias + ReLU allowed), decided when the plan is built (a convolution's
+// backward-data pass: when first asked for, since the first layer never runs it) and logged once
+// (options.log); every other shape stays bf16. runs_in_bf16() says which a shape got.
 class ConvEngine {
  public:
   // `workspace` is the backend's one convolution workspace arena: it grows to the largest chosen
@@ -125,7 +126,8 @@ class ConvEngine {
                       float* dst);
   void deconv_backward(const DeconvDesc& d, const float* src, const float* weight, const float* dst,
                        float* diff_dst, float* diff_src, float* diff_weight, float* diff_bias);
-  // Whether the shape's plan (built now if needed) runs on bf16 operands.
+  // Whether the shape's plan (built now if needed) runs on bf16 operands with all its passes
+  // (a convolution's backward-data pass probed now too).
   bool runs_in_bf16(const ConvDesc& d);
   bool runs_in_bf16(const DeconvDesc& d);
 
@@ -137,9 +139,14 @@ class ConvEngine {
 
   Plan& conv_plan(const ConvDesc& d);
   Plan& deconv_plan(const DeconvDesc& d);
-  // Sets up a plan whose sizes are filled in: its descriptors and (bf16 engine) its precision,
-  // with the three algorithms chosen when bf16 is kept.
-  void build(Plan& p);
+  // Sets up a plan whose sizes are filled in: its descriptors and (bf16 engine) its precision:
+  // bf16 while cuDNN has a bf16 algorithm for each pass the plan runs, probed now (all passes,
+  // or with `data_pass_on_use` all but backward-data, which a convolution whose input needs no
+  // gradient never runs: probed by conv_backward when first asked for it).
+  void build(Plan& p, bool data_pass_on_use);
+  // Chooses a bf16 plan's algorithm for `pass` on its bf16 regions; if cuDNN has none (for a
+  // reason other than memory), logs it and makes the whole plan fp32. False when it did.
+  bool keep_bf16(Plan& p, int pass);
 
   // The passes, on operands of the plan's type: fp32 tensors, or (bf16 plan) the bf16 regions
   // that operand() / result() hand out. Weights and the filter gradient are always fp32, PyTorch
