@@ -108,7 +108,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "images per rank per step")("prefetch", po::value(&o.prefetch)->default_value(o.prefetch),
                                   "batches prepared ahead")(
       "workers", po::value(&o.workers)->default_value(o.workers),
-      "loader threads per rank (HDF5 reads are serialised; preparation runs in parallel)")(
+      "loader threads per rank (HDF5 reads are serialised; inflating --gzip rows and "
+      "preparation run in parallel)")(
       "augment", po::value(&o.augment)->default_value(o.augment),
       "training augmentation: none, flips (h/v), or full (flips, 90-degree rotations of square "
       "images, brightness/contrast jitter)")(

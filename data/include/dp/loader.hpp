@@ -42,7 +42,8 @@ const char* normalize_name(Normalize n);
 struct LoaderOptions {
   int batch_size = 4;
   int prefetch = 2;  // batches prepared ahead of the consumer
-  int workers = 1;   // threads reading (HDF5 reads serialised) and preparing samples
+  int workers = 1;   // threads reading (HDF5 reads serialised, gzip rows inflated in parallel)
+                     // and preparing samples
   Augment augment = Augment::kNone;
   Normalize normalize = Normalize::kImagenet;
   bool cache = false;      // keep each sample read (uint8) in memory for later epochs
