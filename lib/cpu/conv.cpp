@@ -343,10 +343,8 @@ void ConvPrims::backward(dnnl::stream& s, const float* x, const float* w, const 
   if (wino) {  // the blocked output gradient, for whichever backward pass runs Winograd
     bind_wino_copies(scratch);
     if (algo[WinoPrims::kBwdWeights] != PassAlgo::kDirect ||
-        (dx != nullptr && algo[WinoPrims::kBwdData] != PassAlgo::kDirect)) {
+        (dx != nullptr && algo[WinoPrims::kBwdData] != PassAlgo::kDirect))
       wino->diff_dst_in.run(s);
-      s.wait();
-    }
   }
   // Timing charges Winograd with its output-gradient conversion.
   const auto convert = [&](bool v) {

@@ -12,8 +12,7 @@
 
 #include "bf16_util.hpp"
 #include "dp/backend.hpp"
-#include "dp/model.hpp"
-#include "dp/optim.hpp"
+#include "fit_util.hpp"
 #include "tensor_util.hpp"
 
 namespace dp {
@@ -109,34 +108,16 @@ TEST(Bf16Deconv, EqualsFp32OnRoundedOperands) {
 // falls by the same amount within 5%), and the weights differ (bf16 really was used).
 TEST(Bf16Training, FitsABatchLikeFp32) {
   SKIP_WITHOUT_BF16();
-  constexpr int kBatch = 2, kSize = 32, kSteps = 10;
-  const size_t pixels = size_t(kBatch) * kSize * kSize;
-  const Vec input = random_vec(pixels * 3, 8);
-  Vec target = random_vec(pixels, 9);
-  for (float& t : target) t = t > 0.5f ? 1.0f : 0.0f;
   ModelConfig mc;
   mc.width_divisor = 8;
   double first[2] = {0, 0}, last[2] = {0, 0};
   Vec weights[2];
   for (int b = 0; b < 2; ++b) {
     auto be = make_cpu_backend(b == 0 ? Precision::kFloat32 : Precision::kBFloat16);
-    auto model = make_model(mc, *be);
-    model->setup(kBatch, kSize, kSize);
-    model->params().init_pytorch_default(5);
-    Sgd sgd(model->params(), *be, {});
-    Vec diff(pixels);
-    for (int step = 0; step < kSteps; ++step) {
-      const float* logits = model->forward(input.data(), kBatch);
-      const double loss = be->bce_with_logits(int64_t(pixels), logits, target.data(), 1.0f,
-                                              1.0f / float(pixels), diff.data()) /
-                          double(pixels);
-      if (step == 0) first[b] = loss;
-      last[b] = loss;
-      model->backward(diff.data());
-      sgd.step(0.5f);
-    }
-    weights[b].assign(model->params().values(),
-                      model->params().values() + model->params().arena_size());
+    const test::FitResult fit = test::fit_one_batch(*be, mc, 10, 0.5f);
+    first[b] = fit.losses.front();
+    last[b] = fit.losses.back();
+    weights[b] = fit.weights;
   }
   std::printf("[bf16] loss %.5f -> %.5f (fp32 %.5f -> %.5f)\n", first[1], last[1], first[0],
               last[0]);

@@ -11,8 +11,7 @@
 #include <vector>
 
 #include "dp/backend.hpp"
-#include "dp/model.hpp"
-#include "dp/optim.hpp"
+#include "fit_util.hpp"
 #include "tensor_util.hpp"
 
 namespace dp {
@@ -110,31 +109,14 @@ TEST(Winograd, TimedChoiceMatchesDirect) {
 // can run that way on Winograd: the loss curve and the weights follow the direct kernels'.
 TEST(Winograd, TrainsLikeDirect) {
   SKIP_WITHOUT_WINOGRAD();
-  constexpr int kBatch = 2, kSize = 32, kSteps = 5;
-  const size_t pixels = size_t(kBatch) * kSize * kSize;
-  const Vec input = random_vec(pixels * 3, 8);
-  Vec target = random_vec(pixels, 9);
-  for (float& t : target) t = t > 0.5f ? 1.0f : 0.0f;
   ModelConfig mc;
   mc.width_divisor = 2;
   Vec losses[2], weights[2];
   for (int b = 0; b < 2; ++b) {
     auto be = backend(b == 0 ? CpuConvAlgo::kDirect : CpuConvAlgo::kWinograd);
-    auto model = make_model(mc, *be);
-    model->setup(kBatch, kSize, kSize);
-    model->params().init_pytorch_default(5);
-    Sgd sgd(model->params(), *be, {});
-    Vec diff(pixels);
-    for (int step = 0; step < kSteps; ++step) {
-      const float* logits = model->forward(input.data(), kBatch);
-      losses[b].push_back(float(be->bce_with_logits(int64_t(pixels), logits, target.data(), 1.0f,
-                                                    1.0f / float(pixels), diff.data()) /
-                                double(pixels)));
-      model->backward(diff.data());
-      sgd.step(0.1f);
-    }
-    weights[b].assign(model->params().values(),
-                      model->params().values() + model->params().arena_size());
+    const test::FitResult fit = test::fit_one_batch(*be, mc, 5, 0.1f);
+    losses[b].assign(fit.losses.begin(), fit.losses.end());
+    weights[b] = fit.weights;
   }
   std::printf("[winograd] loss %.6f -> %.6f (direct %.6f -> %.6f), weights %.2e apart\n",
               losses[1].front(), losses[1].back(), losses[0].front(), losses[0].back(),
