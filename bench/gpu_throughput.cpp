@@ -7,7 +7,10 @@
 // one SGD step. Input and target are random, made once. Prints a human line, then one JSON line
 // (the last line of the output) with the median step time, img/s and the backend's peak device
 // memory. --precision bf16 runs the convolutions in bf16 (BackendOptions::precision); in fp32,
-// --tf32 decides whether they may use TF32 tensor cores.
+// --tf32 decides whether they may use TF32 tensor cores. --profile brackets the last timed step
+// with cudaProfilerStart/Stop, so that `ncu --profile-from-start off` times that step's kernels
+// alone.
+
 #include <boost/program_options.hpp>
 
 #include <algorithm>
@@ -19,6 +22,8 @@
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <cuda_profiler_api.h>
 
 #include "dp/backend.hpp"
 #include "dp/buffer.hpp"
@@ -45,6 +50,7 @@ struct Config {
   bool tf32 = true;
   dp::Precision precision = dp::Precision::kFloat32;
   bool deterministic = false;
+  bool profile = false;
   uint64_t seed = 1;
 };
 
@@ -118,8 +124,11 @@ void run(const Config& c) {
   const double warmup_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   std::vector<double> times;
   for (int s = 0; s < c.steps; ++s) {
+    const bool profiled = c.profile && s == c.steps - 1;
+    if (profiled) DP_CUDA_CHECK(cudaProfilerStart());
     const Clock::time_point a = Clock::now();
     step(c.warmup + s);
+    if (profiled) DP_CUDA_CHECK(cudaProfilerStop());
     times.push_back(std::chrono::duration<double>(Clock::now() - a).count());
   }
   DP_CHECK(std::isfinite(loss), "the loss is not finite after ", c.warmup + c.steps, " steps");
@@ -166,6 +175,8 @@ int main(int argc, char** argv) {
       "precision", po::value(&precision)->default_value(precision),
       "fp32 or bf16 (convolutions in bf16, everything else fp32)")(
       "deterministic", po::bool_switch(&c.deterministic), "deterministic cuDNN algorithms only")(
+      "profile", po::bool_switch(&c.profile),
+      "cudaProfilerStart/Stop around the last timed step (for ncu --profile-from-start off)")(
       "seed", po::value(&c.seed)->default_value(c.seed), "initialisation and data seed");
   try {
     po::variables_map vm;

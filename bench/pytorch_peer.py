@@ -73,6 +73,9 @@ def worker(rank, args, init_file, results):
             dist.barrier()
         if cuda:
             torch.cuda.synchronize()
+        profiled = cuda and args.profile and i == args.warmup + args.steps - 1
+        if profiled:
+            torch.cuda.profiler.start()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         with torch.autocast(args.device, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
@@ -81,6 +84,8 @@ def worker(rank, args, init_file, results):
         opt.step()
         if cuda:
             torch.cuda.synchronize()
+        if profiled:
+            torch.cuda.profiler.stop()
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
     peak_device = torch.cuda.max_memory_allocated() if cuda else 0
@@ -100,6 +105,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--pin", action="store_true", help="pin process r to core r")
+    ap.add_argument("--profile", action="store_true",
+                    help="cuda: cudaProfilerStart/Stop around the last step (ncu --profile-from-start off)")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     ap.add_argument("--model", choices=["unet16", "unet_resnet34", "unet_resnet101"],
                     default="unet16")

@@ -6,15 +6,17 @@
 # Environment (all optional): JOBS (build jobs; default nproc), DP_BUILD_DIR (default
 # build/cuda-release), DP_CUDA_ARCH (default: this GPU's compute capability, e.g. 90, so device
 # code is compiled once; "preset" keeps the preset's 90;80), SIZE=448 BATCH=16 STEPS=20 WARMUP=5
-# (the benchmark), PYTHON (a Python whose PyTorch sees the GPU: then PyTorch runs beside dptrain
+# (the benchmark), STEP_TIMEOUT=600 (seconds allowed to each test, run and benchmark), PYTHON (a Python whose PyTorch sees the GPU: then PyTorch runs beside dptrain
 # through bench/compare_gpu.sh; default python3 when it has CUDA PyTorch), DP_SKIP_DEPS=1 (do not
-# run scripts/install-deps.sh, e.g. offline).
+# run scripts/install-deps.sh, e.g. offline), DP_PREBUILT=1 (use the binaries already in
+# DP_BUILD_DIR, e.g. a folder made by scripts/gpu-bundle.sh on a machine that has the dependencies;
+# implies DP_SKIP_DEPS=1).
 #
 # 1. A GPU must be visible (nvidia-smi, CUDA_VISIBLE_DEVICES), else exit 1 before building.
 # 2. scripts/install-deps.sh (system packages; a failure only warns: CMake names what is missing).
 # 3. Configure the cuda-release preset; build only the GPU tests, bench_gpu_throughput, dptrain.
 # 4. Run test_cuda, test_cuda_backend (every CUDA op and a training step of each model against
-#    the CPU backend) and the NCCL reducer test (ctest: 1 and 2 ranks; 2 skip on one GPU).
+#    the CPU backend) and the NCCL reducer test (1 rank, and 2 where 2 GPUs are visible).
 #    Then dptrain --device cuda end to end (2 epochs, a resumed third) on the synthetic default.
 # 5. Benchmark unet16 at 448x448 in fp32 with TF32 on, and with bf16 convolutions.
 # 6. Print a summary: GPU, tests passed/failed/skipped, img/s, peak memory (logs in
@@ -31,6 +33,7 @@ SIZE=${SIZE:-448}
 BATCH=${BATCH:-16}
 STEPS=${STEPS:-20}
 WARMUP=${WARMUP:-5}
+STEP_TIMEOUT=${STEP_TIMEOUT:-600}
 START=$SECONDS
 failures=()
 summary=()
@@ -86,7 +89,8 @@ summary+=("$gpu_line; $(wc -l <<<"$gpu_list") GPU(s) listed by nvidia-smi$visibl
 mkdir -p "$LOGS"
 
 # ---- 2. System packages --------------------------------------------------------------------------
-if [[ -f scripts/install-deps.sh && "${DP_SKIP_DEPS:-0}" != 1 ]]; then
+PREBUILT=${DP_PREBUILT:-0}
+if [[ -f scripts/install-deps.sh && "${DP_SKIP_DEPS:-0}" != 1 && "$PREBUILT" != 1 ]]; then
   # Bounded: apt-get on a machine without network access would otherwise wait for its timeouts.
   if ! timeout 300 bash scripts/install-deps.sh >"$LOGS/deps.log" 2>&1; then
     say "warning: scripts/install-deps.sh failed (see $LOGS/deps.log); continuing:" \
@@ -95,28 +99,41 @@ if [[ -f scripts/install-deps.sh && "${DP_SKIP_DEPS:-0}" != 1 ]]; then
 fi
 
 # ---- 3. Configure and build only what the check runs ---------------------------------------------
-t0=$SECONDS
-say "configuring the cuda-release preset in $BUILD${arch:+ for CUDA architecture $arch}"
-if ! cmake --preset cuda-release -B "$BUILD" ${arch:+-DCMAKE_CUDA_ARCHITECTURES=$arch} \
-  >"$LOGS/configure.log" 2>&1; then
-  fail "configure"
-  tail_log "$LOGS/configure.log"
-  summary+=("build: configure failed ($LOGS/configure.log)")
-  print_summary
-  exit 1
-fi
 targets=(test_cuda test_cuda_backend test_nccl_reducer_mpi bench_gpu_throughput dptrain)
-say "building ${targets[*]} with $JOBS jobs"
-if ! cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" >"$LOGS/build.log" 2>&1; then
-  fail "build"
-  grep -E 'error|Error' "$LOGS/build.log" | head -n 20 | sed 's/^/    /'
-  tail_log "$LOGS/build.log" 10
-  summary+=("build: FAILED after $((SECONDS - t0)) s ($LOGS/build.log)")
-  print_summary
-  exit 1
+if [[ "$PREBUILT" == 1 ]]; then
+  for b in tests/test_cuda tests/test_cuda_backend tests/test_nccl_reducer_mpi \
+    bench/bench_gpu_throughput app/dptrain; do
+    if [[ ! -x "$BUILD/$b" ]]; then
+      fail "build"
+      summary+=("build: DP_PREBUILT=1 but $BUILD/$b is missing")
+      print_summary
+      exit 1
+    fi
+  done
+  add "build: prebuilt binaries in $BUILD (DP_PREBUILT=1)"
+else
+  t0=$SECONDS
+  say "configuring the cuda-release preset in $BUILD${arch:+ for CUDA architecture $arch}"
+  if ! cmake --preset cuda-release -B "$BUILD" ${arch:+-DCMAKE_CUDA_ARCHITECTURES=$arch} \
+    >"$LOGS/configure.log" 2>&1; then
+    fail "configure"
+    tail_log "$LOGS/configure.log"
+    summary+=("build: configure failed ($LOGS/configure.log)")
+    print_summary
+    exit 1
+  fi
+  say "building ${targets[*]} with $JOBS jobs"
+  if ! cmake --build "$BUILD" -j "$JOBS" --target "${targets[@]}" >"$LOGS/build.log" 2>&1; then
+    fail "build"
+    grep -E 'error|Error' "$LOGS/build.log" | head -n 20 | sed 's/^/    /'
+    tail_log "$LOGS/build.log" 10
+    summary+=("build: FAILED after $((SECONDS - t0)) s ($LOGS/build.log)")
+    print_summary
+    exit 1
+  fi
+  add "build: ok in $((SECONDS - t0)) s (cuda-release${arch:+, CUDA architecture $arch}," \
+    "$JOBS jobs)"
 fi
-add "build: ok in $((SECONDS - t0)) s (cuda-release${arch:+, CUDA architecture $arch}," \
-  "$JOBS jobs)"
 
 # ---- 4. Tests ------------------------------------------------------------------------------------
 # gtest_count LOG WORD -> the count in gtest's "[  WORD  ] N test(s)" summary line (0 if none)
@@ -129,7 +146,7 @@ gtest_count() {
 run_gtest() {
   local name=$1 log="$LOGS/$1.log" rc
   say "running $name"
-  timeout 600 "$BUILD/tests/$name" >"$log" 2>&1
+  timeout "$STEP_TIMEOUT" "$BUILD/tests/$name" --gtest_color=no >"$log" 2>&1
   rc=$?
   local passed failed skipped
   passed=$(gtest_count "$log" PASSED)
@@ -137,43 +154,48 @@ run_gtest() {
   skipped=$(gtest_count "$log" SKIPPED)
   local line="$name: $passed passed, $failed failed, $skipped skipped"
   if ((rc != 0)); then
-    ((rc == 124)) && line+=" (timed out after 600 s)" || line+=" (exit status $rc)"
+    ((rc == 124)) && line+=" (timed out after $STEP_TIMEOUT s)" || line+=" (exit status $rc)"
     fail "$name"
     grep -E '^\[  FAILED  \] [A-Z]' "$log" | sort -u | sed 's/^/    /'
     ((failed == 0)) && tail_log "$log"
   fi
   # On a GPU machine a skip is worth a look (test_cuda skips its no-GPU case by design).
-  ((skipped > 0)) && line+=": $(grep -E '^\[  SKIPPED \] [A-Z]' "$log" | sort -u |
-    sed 's/^\[  SKIPPED \] //' | tr '\n' ' ')"
+  ((skipped > 0)) && line+=": $(grep -E '^\[  SKIPPED \] [A-Z]' "$log" |
+    sed -E 's/^\[  SKIPPED \] //; s/ \([0-9]+ ms\)$//' | sort -u | tr '\n' ' ')"
   summary+=("$line")
 }
 
 run_gtest test_cuda
 run_gtest test_cuda_backend
-say "running the NCCL reducer test (ctest)"
-if ctest --test-dir "$BUILD" -R '^test_nccl_reducer_mpi_np' --output-on-failure --timeout 300 \
-  >"$LOGS/nccl.log" 2>&1; then
-  summary+=("test_nccl_reducer_mpi: $(grep -E 'tests passed' "$LOGS/nccl.log" | tail -n 1)")
-else
-  fail "test_nccl_reducer_mpi"
-  tail_log "$LOGS/nccl.log"
-  summary+=("test_nccl_reducer_mpi: FAILED: $(grep -E 'tests passed' "$LOGS/nccl.log" |
-    tail -n 1)")
-fi
+# The NCCL reducer against the MPI reducer: one rank per visible GPU (1, and 2 where there are 2).
+ngpu=$(wc -l <<<"$gpu_list")
+((ngpu > 2)) && ngpu=2
+nccl_ok=0
+for ((np = 1; np <= ngpu; ++np)); do
+  log="$LOGS/nccl-np$np.log"
+  say "running test_nccl_reducer_mpi on $np rank(s)"
+  if timeout "$STEP_TIMEOUT" bash scripts/mpirun.sh -np "$np" "$BUILD/tests/test_nccl_reducer_mpi" \
+    --gtest_color=no >"$log" 2>&1 &&
+    (($(gtest_count "$log" PASSED) > 0)); then
+    ((++nccl_ok))
+  else
+    fail "test_nccl_reducer_mpi np=$np"
+    tail_log "$log"
+  fi
+done
+summary+=("test_nccl_reducer_mpi: $nccl_ok of $ngpu rank count(s) passed (1..$ngpu ranks)")
 
 # ---- 4b. dptrain end to end on the GPU ----------------------------------------------------------
 # The embedded default's synthetic data, one rank per visible GPU (at most 2): 2 epochs, then a
 # third resumed from the epoch-2 checkpoint (checkpoints staged through host memory, NCCL
 # gradients, the batch uploader).
-ngpu=$(wc -l <<<"$gpu_list")
-((ngpu > 2)) && ngpu=2
 run_dir="$LOGS/dptrain-run"
 rm -rf "$run_dir"
 say "running dptrain --device cuda on $ngpu rank(s): 2 epochs, then a resumed third"
 dptrain_cmd=(bash scripts/mpirun.sh -np "$ngpu" "$BUILD/app/dptrain" --device cuda
   --model-dir "$run_dir" --log-every 1000)
-if timeout 300 "${dptrain_cmd[@]}" --epochs 2 >"$LOGS/dptrain.log" 2>&1 &&
-  timeout 300 "${dptrain_cmd[@]}" --epochs 3 >>"$LOGS/dptrain.log" 2>&1 &&
+if timeout "$STEP_TIMEOUT" "${dptrain_cmd[@]}" --epochs 2 >"$LOGS/dptrain.log" 2>&1 &&
+  timeout "$STEP_TIMEOUT" "${dptrain_cmd[@]}" --epochs 3 >>"$LOGS/dptrain.log" 2>&1 &&
   grep -q "resumed from epoch 2" "$LOGS/dptrain.log"; then
   add "dptrain --device cuda ($ngpu rank(s)): 2 epochs + resumed 3rd ok;" \
     "$(grep -E 'GPU memory' "$LOGS/dptrain.log" | head -n 1 | sed 's/.*GPU memory: //')," \
@@ -205,11 +227,11 @@ benchmark() {
   local ok=1
   if ((have_torch)); then
     PYTHON=$PYTHON MODEL=unet16 DIVISOR=1 SIZE=$SIZE BATCH=$BATCH STEPS=$STEPS WARMUP=$WARMUP \
-      PRECISION=$precision timeout 900 bash bench/compare_gpu.sh "$BUILD" >"$log" 2>&1 || ok=0
+      PRECISION=$precision timeout "$STEP_TIMEOUT" bash bench/compare_gpu.sh "$BUILD" >"$log" 2>&1 || ok=0
   else
     local extra=()
     [[ "$precision" != fp32 ]] && extra=(--precision "$precision")
-    timeout 600 "$BENCH" --model unet16 --size "$SIZE" --batch "$BATCH" --steps "$STEPS" \
+    timeout "$STEP_TIMEOUT" "$BENCH" --model unet16 --size "$SIZE" --batch "$BATCH" --steps "$STEPS" \
       --warmup "$WARMUP" "${extra[@]}" >"$log" 2>&1 || ok=0
   fi
   local dp pt ratio
