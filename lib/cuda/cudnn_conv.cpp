@@ -162,6 +162,7 @@ struct Candidate {
   size_t memory = 0;
   cudnnDeterminism_t determinism = CUDNN_NON_DETERMINISTIC;
   cudnnMathType_t math = CUDNN_DEFAULT_MATH;
+  float ms = -1.0f;  // the search's time; negative where it was not timed
 };
 
 template <typename Perf>
@@ -169,7 +170,8 @@ std::vector<Candidate> candidates(const std::vector<Perf>& perf, int count) {
   std::vector<Candidate> out;
   for (int i = 0; i < count; ++i) {
     const Perf& p = perf[size_t(i)];
-    out.push_back({static_cast<int>(p.algo), p.status, p.memory, p.determinism, p.mathType});
+    out.push_back(
+        {static_cast<int>(p.algo), p.status, p.memory, p.determinism, p.mathType, p.time});
   }
   return out;
 }
@@ -192,6 +194,8 @@ struct PassState {
   bool ready = false;
   bool krsc = false;  // the filter is read (or its gradient written) as an NHWC (KRSC) copy
   int algo = 0;
+  cudnnMathType_t math = CUDNN_DEFAULT_MATH;  // the chosen algorithm's, set on `conv`
+  float ms = -1.0f;                           // its time in the search; negative if untimed
   FilterDescriptor filter;
   ConvolutionDescriptor conv;
 };
@@ -206,9 +210,10 @@ struct ConvEngine::Plan {
   TensorDescriptor w_nchw, w_nhwc;  // the filter as a plain tensor, for cudnnTransformTensor
   ActivationDescriptor relu, identity;
   PassState pass[3];
-  bool bf16 = false;  // the operands are bf16 copies (a bf16 engine, where cuDNN allows it)
-  bool fuse = true;   // cudnnConvolutionBiasActivationForward has not been refused
-  std::string why;    // why the last algorithm search failed
+  bool bf16 = false;        // the operands are bf16 copies (a bf16 engine, where cuDNN allows it)
+  bool fuse = true;         // cudnnConvolutionBiasActivationForward: not refused, not slower
+  bool fuse_timed = false;  // the fused call was timed against the separate one
+  std::string why;          // why the last algorithm search failed
   bool short_of_memory = false;  // ... because supported algorithms' workspace did not fit
 
   size_t filter_bytes() const { return sizeof(float) * filter_numel(); }
@@ -455,17 +460,46 @@ std::string ConvEngine::search_conditions(const Plan& p) const {
 }
 
 bool ConvEngine::try_ensure(Plan& p, int pass, const void* x, const void* w, const void* y) {
-  if (p.pass[pass].ready) return true;
+  PassState& ps = p.pass[pass];
+  if (ps.ready) return true;
   p.short_of_memory = false;
   std::string why_nchw;
   if (!force_krsc_) {
-    if (choose(p, pass, false, x, w, y)) return true;
+    if (choose(p, pass, false, x, w, y)) {
+      keep_faster_krsc(p, pass, x, w, y);
+      return true;
+    }
     why_nchw = p.why;
   }
   if (choose(p, pass, true, x, w, y)) return true;
   p.why = str_cat(force_krsc_ ? "" : str_cat("with the NCHW filter: ", why_nchw, "; "),
                   "with the KRSC filter: ", p.why);
   return false;
+}
+
+// With the NCHW filter cuDNN may offer fewer or slower kernels for a shape than with the filter
+// in KRSC (NHWC) order, the layout its NHWC tensor-core kernels read. So the KRSC filter is
+// searched too, and kept when its best time is clearly (10%) better: that covers the filter copy
+// it costs in fp32 (bf16 copies the filter either way). Untimed choices (--deterministic ranks by
+// the heuristics) keep the NCHW filter.
+void ConvEngine::keep_faster_krsc(Plan& p, int pass, const void* x, const void* w, const void* y) {
+  PassState& ps = p.pass[pass];
+  const int algo = ps.algo;
+  const cudnnMathType_t math = ps.math;
+  const float ms = ps.ms;
+  if (ms < 0.0f) return;
+  if (choose(p, pass, true, x, w, y) && ps.ms >= 0.0f && ps.ms < 0.9f * ms) return;
+  // Back to the NCHW filter's algorithm.
+  DP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(ps.filter.get(), operand_type(p), CUDNN_TENSOR_NCHW,
+                                            p.k, p.c, p.r, p.r));
+  DP_CUDNN_CHECK(cudnnSetConvolutionMathType(ps.conv.get(), math));
+  ps.algo = algo;
+  ps.math = math;
+  ps.ms = ms;
+  ps.krsc = false;
+  ps.ready = true;
+  p.short_of_memory = false;
+  p.why.clear();
 }
 
 void ConvEngine::ensure(Plan& p, int pass, const void* x, const void* w, const void* y) {
@@ -565,6 +599,7 @@ bool ConvEngine::choose(Plan& p, int pass, bool krsc, const void* x, const void*
   }
   heap_.free(temp, temp_bytes);
   std::vector<Candidate> ranked;
+  const bool ranked_by_time = find_status == CUDNN_STATUS_SUCCESS && !options_.deterministic;
   if (find_status != CUDNN_STATUS_SUCCESS) {
     // Unsupported layouts may fail as a whole; the KRSC filter is the supported configuration,
     // where the heuristics' order stands in for the timing.
@@ -600,6 +635,8 @@ bool ConvEngine::choose(Plan& p, int pass, bool krsc, const void* x, const void*
       continue;
     }
     ps.algo = c.algo;
+    ps.math = own_math ? c.math : base_math;
+    ps.ms = ranked_by_time ? c.ms : -1.0f;
     ps.krsc = krsc;
     ps.ready = true;
     return true;
@@ -637,6 +674,15 @@ const void* ConvEngine::operand(Plan& p, Side side, const float* t) {
   const int64_t count = side == Side::kX ? p.x_pixels() * p.c : p.y_pixels() * p.k;
   kernels::to_bf16(heap_.stream(), count, t, copy);
   return copy;
+}
+
+const void* ConvEngine::output_grad(Plan& p, Side side, bool copy, const float* dst,
+                                    float* diff_dst, float* diff_bias) {
+  const bool x = side == Side::kX;
+  __nv_bfloat16* lowp = copy && p.bf16 ? lowp_region(lowp_, p, x ? 0 : p.lowp_y_offset()) : nullptr;
+  kernels::output_grad(heap_.stream(), x ? p.x_pixels() : p.y_pixels(), x ? p.c : p.k, dst,
+                       diff_dst, diff_bias, lowp);
+  return lowp != nullptr ? static_cast<const void*>(lowp) : diff_dst;
 }
 
 void* ConvEngine::result(Plan& p, Side side, float* t) {
@@ -687,21 +733,76 @@ bool ConvEngine::forward(Plan& p, const void* x, const float* w, void* y, const 
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(ps.algo);
   // cuDNN's fused call, where it allows it: fp32 only (bf16 widens the result with the bias),
   // with the identity activation only for IMPLICIT_PRECOMP_GEMM. A refusal falls back to the
-  // plain convolution for good.
+  // plain convolution for good, and so does a fused call timed slower than the plain one.
   if (!p.bf16 && bias != nullptr && p.fuse &&
       (relu || algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)) {
-    const cudnnStatus_t status = cudnnConvolutionBiasActivationForward(
-        handle_, &kOne, p.x.get(), x, ps.filter.get(), filter, ps.conv.get(), algo,
-        workspace_.data(), workspace_.bytes(), &kZero, p.y.get(), y, p.bias.get(), bias,
-        relu ? p.relu.get() : p.identity.get(), p.y.get(), y);
-    if (status == CUDNN_STATUS_SUCCESS) return true;
-    if (!refused(status))
-      throw_cudnn_error(status, "cudnnConvolutionBiasActivationForward", __FILE__, __LINE__);
-    p.fuse = false;
+    if (!p.fuse_timed && !options_.deterministic) {
+      p.fuse_timed = true;
+      p.fuse = fused_is_faster(p, x, filter, y, bias, relu);
+    }
+    if (p.fuse) {
+      const cudnnStatus_t status = fused_forward(p, x, filter, y, bias, relu);
+      if (status == CUDNN_STATUS_SUCCESS) return true;
+      if (!refused(status))
+        throw_cudnn_error(status, "cudnnConvolutionBiasActivationForward", __FILE__, __LINE__);
+      p.fuse = false;
+    }
   }
   DP_CUDNN_CHECK(cudnnConvolutionForward(handle_, &kOne, p.x.get(), x, ps.filter.get(), filter,
                                          ps.conv.get(), algo, workspace_.data(), workspace_.bytes(),
                                          &kZero, p.y.get(), y));
+  return false;
+}
+
+cudnnStatus_t ConvEngine::fused_forward(const Plan& p, const void* x, const void* filter, void* y,
+                                        const float* bias, bool relu) {
+  const PassState& ps = p.pass[kForward];
+  return cudnnConvolutionBiasActivationForward(
+      handle_, &kOne, p.x.get(), x, ps.filter.get(), filter, ps.conv.get(),
+      static_cast<cudnnConvolutionFwdAlgo_t>(ps.algo), workspace_.data(), workspace_.bytes(),
+      &kZero, p.y.get(), y, p.bias.get(), bias, relu ? p.relu.get() : p.identity.get(), p.y.get(),
+      y);
+}
+
+// The search timed the plain convolution, and the fused call may run another, much slower
+// kernel with the same algorithm: on an H200 (cuDNN 9.19) the fused call of UNet16's dec1 (96->32
+// 3x3 + bias + ReLU at 448x448, batch 16) ran implicit_convolve_sgemm for 17.5 ms. So on a
+// plan's first fp32 forward with a bias both are timed (one warm-up, then 3 runs each, on the
+// call's buffers): the fused call, and the plain convolution followed by the bias/ReLU kernel.
+// A refused fused call counts as slower.
+bool ConvEngine::fused_is_faster(const Plan& p, const void* x, const void* filter, void* y,
+                                 const float* bias, bool relu) {
+  const PassState& ps = p.pass[kForward];
+  const cudaStream_t s = heap_.stream();
+  auto fused = [&] { return fused_forward(p, x, filter, y, bias, relu); };
+  auto plain = [&] {
+    DP_CUDNN_CHECK(
+        cudnnConvolutionForward(handle_, &kOne, p.x.get(), x, ps.filter.get(), filter,
+                                ps.conv.get(), static_cast<cudnnConvolutionFwdAlgo_t>(ps.algo),
+                                workspace_.data(), workspace_.bytes(), &kZero, p.y.get(), y));
+    kernels::bias_relu(s, p.y_pixels(), p.k, bias, relu, static_cast<float*>(y));
+  };
+  const cudnnStatus_t status = fused();
+  if (status != CUDNN_STATUS_SUCCESS) {
+    if (!refused(status))
+      throw_cudnn_error(status, "cudnnConvolutionBiasActivationForward", __FILE__, __LINE__);
+    return false;
+  }
+  plain();
+  constexpr int kRuns = 3;
+  const Event start(true), middle(true), end(true);
+  start.record(s);
+  for (int i = 0; i < kRuns; ++i) DP_CUDNN_CHECK(fused());
+  middle.record(s);
+  for (int i = 0; i < kRuns; ++i) plain();
+  end.record(s);
+  end.synchronize();
+  const float fused_ms = Event::elapsed_ms(start, middle) / kRuns;
+  const float plain_ms = Event::elapsed_ms(middle, end) / kRuns;
+  if (fused_ms <= plain_ms) return true;
+  options_.log.info("cuDNN: ", p.what, ": the fused bias", relu ? " + ReLU" : "", " call takes ",
+                    fused_ms, " ms, the convolution then the bias", relu ? "/ReLU" : "", " kernel ",
+                    plain_ms, " ms: using the latter");
   return false;
 }
 
@@ -775,15 +876,15 @@ void ConvEngine::conv_backward(const ConvDesc& d, const float* src, const float*
            "conv_backward: the convolution has a bias but no bias gradient is given");
   Plan& p = conv_plan(d);
   in_context(p, [&] {
-    const cudaStream_t s = heap_.stream();
-    if (d.relu) kernels::relu_backward(s, p.y_pixels() * p.k, dst, diff_dst, diff_dst);
-    if (d.bias) kernels::bias_backward(s, p.y_pixels(), p.k, diff_dst, diff_bias);
-    if (diff_weight == nullptr && diff_src == nullptr) return;
+    const bool passes = diff_weight != nullptr || diff_src != nullptr;
     // The data gradient's first use: a bf16 plan without a bf16 algorithm for it turns fp32 now.
     if (diff_src != nullptr && p.bf16 && !p.pass[kBackwardData].ready) keep_bf16(p, kBackwardData);
-    reserve_lowp(p);
-    // One bf16 copy of the (masked) output gradient serves both passes.
-    const void* dy = operand(p, Side::kY, diff_dst);
+    if (passes) reserve_lowp(p);
+    // The masked output gradient, its bias gradient and (bf16) the one bf16 copy of it that
+    // serves both passes, in one pass over it.
+    const void* dy = output_grad(p, Side::kY, passes, d.relu ? dst : nullptr, diff_dst,
+                                 d.bias ? diff_bias : nullptr);
+    if (!passes) return;
     if (diff_weight != nullptr) backward_filter(p, operand(p, Side::kX, src), dy, diff_weight);
     if (diff_src != nullptr) {
       void* dx = result(p, Side::kX, diff_src);
@@ -810,14 +911,12 @@ void ConvEngine::deconv_backward(const DeconvDesc& d, const float* src, const fl
                                  float* diff_weight, float* diff_bias) {
   Plan& p = deconv_plan(d);
   in_context(p, [&] {
-    const cudaStream_t s = heap_.stream();
-    if (d.relu) kernels::relu_backward(s, p.x_pixels() * p.c, dst, diff_dst, diff_dst);
-    if (diff_bias != nullptr) kernels::bias_backward(s, p.x_pixels(), p.c, diff_dst, diff_bias);
-    if (diff_weight == nullptr && diff_src == nullptr) return;
-    reserve_lowp(p);
+    const bool passes = diff_weight != nullptr || diff_src != nullptr;
+    if (passes) reserve_lowp(p);
     // dW[cin, cout] = sum src[cin] * diff_dst[cout]: the convolution's filter gradient with its
     // input x = diff_dst and its output gradient dy = src. One bf16 copy of diff_dst serves both.
-    const void* x = operand(p, Side::kX, diff_dst);
+    const void* x = output_grad(p, Side::kX, passes, d.relu ? dst : nullptr, diff_dst, diff_bias);
+    if (!passes) return;
     if (diff_weight != nullptr) backward_filter(p, x, operand(p, Side::kY, src), diff_weight);
     if (diff_src != nullptr) {
       // Written after the filter pass has read the Y region (one stream: in order).

@@ -84,13 +84,16 @@ class Arena {
 // heuristics' (reproducible) order among those the search ran. TF32 only with options.tf32.
 //
 // Filters: cuDNN is first asked for algorithms on the weights as they are (an NCHW filter, i.e.
-// [k, c, r, s], next to NHWC activations); a pass for which it offers none uses an NHWC (KRSC)
-// copy instead, made by cudnnTransformTensor before each call (and the filter gradient
-// transformed back). DP_CUDNN_KRSC_FILTERS=1 in the environment forces the copy everywhere, so
+// [k, c, r, s], next to NHWC activations), then on an NHWC (KRSC) copy, made by
+// cudnnTransformTensor before each call (and the filter gradient transformed back). The copy is
+// used where the NCHW filter has no algorithm, or where its best time beats the NCHW filter's by
+// 10% (keep_faster_krsc). DP_CUDNN_KRSC_FILTERS=1 in the environment forces the copy everywhere, so
 // that both paths can be tested.
 //
 // Bias and ReLU: fused by cudnnConvolutionBiasActivationForward in a convolution's forward pass
-// where cuDNN accepts it (falling back for good on a refusal), else kernels::bias_relu.
+// where cuDNN accepts it and it is not slower than the plain convolution + kernels::bias_relu
+// (timed on the plan's first forward, except with options.deterministic; falling back for good
+// on a refusal), else kernels::bias_relu.
 //
 // bf16 (options.precision == kBFloat16): every cuDNN call of a bf16 plan runs on bf16 tensors and
 // filters with fp32 compute (the convolution descriptor's type CUDNN_DATA_FLOAT, tensor-op math;
@@ -153,6 +156,12 @@ class ConvEngine {
   // layout. y = x * w (cross-correlation); with a bias (fp32 only) the bias and ReLU may be fused:
   // true when they were, else epilogue() must follow.
   bool forward(Plan& p, const void* x, const float* w, void* y, const float* bias, bool relu);
+  // cudnnConvolutionBiasActivationForward with the forward pass's algorithm.
+  cudnnStatus_t fused_forward(const Plan& p, const void* x, const void* filter, void* y,
+                              const float* bias, bool relu);
+  // Times the fused call against the plain convolution + bias/ReLU kernel (first fp32 forward).
+  bool fused_is_faster(const Plan& p, const void* x, const void* filter, void* y, const float* bias,
+                       bool relu);
   void backward_data(Plan& p, const float* w, const void* dy, void* dx);
   void backward_filter(Plan& p, const void* x, const void* dy, float* dw);
   // Operand x (the plan's input side, `Side::kX`) or y as a pass reads it: `t` itself, or (bf16
@@ -161,6 +170,11 @@ class ConvEngine {
   enum class Side { kX, kY };
   const void* operand(Plan& p, Side side, const float* t);
   void* result(Plan& p, Side side, float* t);
+  // The output gradient of side `side` (kernels::output_grad: masked by dst where given, its bias
+  // gradient where diff_bias); returns what the passes read: diff_dst, or (bf16, when `copy`) its
+  // bf16 copy in the side's region.
+  const void* output_grad(Plan& p, Side side, bool copy, const float* dst, float* diff_dst,
+                          float* diff_bias);
   // out = act(r + bias) over pixels x c from a pass's result r (out itself in fp32, widened from
   // the bf16 region in a bf16 plan); bias may be null (none), act is ReLU when relu.
   void epilogue(const Plan& p, int64_t pixels, int c, const void* r, float* out, const float* bias,
@@ -178,6 +192,8 @@ class ConvEngine {
   // none; ensure throws dp::Error then.
   void ensure(Plan& p, int pass, const void* x, const void* w, const void* y);
   bool try_ensure(Plan& p, int pass, const void* x, const void* w, const void* y);
+  // After an NCHW-filter choice: searches with the KRSC filter and keeps it if clearly faster.
+  void keep_faster_krsc(Plan& p, int pass, const void* x, const void* w, const void* y);
   // " (bf16 NHWC, fp32 compute, ..., workspace at most ...)": what a plan's search allowed.
   std::string search_conditions(const Plan& p) const;
   bool choose(Plan& p, int pass, bool krsc, const void* x, const void* w, const void* y);

@@ -40,6 +40,11 @@ void sum_squares(cudaStream_t s, int64_t count, const float* src, double* result
 void bias_relu(cudaStream_t s, int64_t pixels, int c, const float* bias, bool relu, float* dst);
 // diff_bias[k] = sum over pixels of diff_dst[p, k] (overwritten).
 void bias_backward(cudaStream_t s, int64_t pixels, int c, const float* diff_dst, float* diff_bias);
+// A convolution's output gradient g, NHWC [pixels, c], in one pass: with dst (the ReLU'd output)
+// g = dst > 0 ? diff_dst : 0, written back to diff_dst; with diff_bias, diff_bias[k] = sum over
+// pixels of g (overwritten); with lowp, lowp = bf16(g). Each of the three may be null.
+void output_grad(cudaStream_t s, int64_t pixels, int c, const float* dst, float* diff_dst,
+                 float* diff_bias, __nv_bfloat16* lowp);
 
 // bf16 operands of the bf16 convolutions (cudnn_conv.cpp). fp32 -> bf16 rounds to nearest even
 // (NaN stays NaN, values beyond bf16's range become +-inf); bf16 -> fp32 is exact.

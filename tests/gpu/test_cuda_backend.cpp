@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "bf16_util.hpp"
@@ -573,8 +574,10 @@ TEST_F(CudaVsCpu, MaxPoolForwardBackwardAndTies) {
 
 TEST_F(CudaVsCpu, UpsampleForwardAndBackward) {
   uint64_t seed = 800;
-  // 1x1 and odd sizes reach both clamped borders.
-  for (const Dims s : {Dims{2, 5, 7, 3}, Dims{1, 16, 16, 64}, Dims{1, 1, 1, 4}, Dims{2, 3, 1, 2}}) {
+  // 1x1 and odd sizes reach both clamped borders; channel counts that are multiples of 4 take
+  // the float4 path, the others the one-float path.
+  for (const Dims s : {Dims{2, 5, 7, 3}, Dims{1, 16, 16, 64}, Dims{1, 1, 1, 4}, Dims{2, 3, 1, 2},
+                       Dims{2, 5, 7, 12}}) {
     const std::string name = "upsample2x [" + std::to_string(s.n) + "," + std::to_string(s.h) +
                              "," + std::to_string(s.w) + "," + std::to_string(s.c) + "] ";
     const Vec x = random_vec(size_t(s.numel()), ++seed),
@@ -594,28 +597,35 @@ TEST_F(CudaVsCpu, UpsampleForwardAndBackward) {
   }
 }
 
+// 3 + 5 channels take the one-float path, 8 + 12 the float4 one.
 TEST_F(CudaVsCpu, ConcatForwardAndBackward) {
-  const Dims a{2, 5, 7, 3}, b{2, 5, 7, 5};
-  const Vec xa = random_vec(size_t(a.numel()), 901), xb = random_vec(size_t(b.numel()), 902);
-  const Vec dy = random_vec(size_t(a.numel() + b.numel()), 903);
-  auto fwd = [&](Backend& be) {
-    Buffer pa = to_backend(be, xa), pb = to_backend(be, xb), dst = filled(be, dy.size(), kGarbage);
-    be.concat_forward(a, pa.f32(), b, pb.f32(), dst.f32());
-    return to_host(dst);
-  };
-  expect_equal("concat_forward", fwd(*cpu_), fwd(*gpu_));
-  struct Bwd {
-    Vec da, db;
-  };
-  auto bwd = [&](Backend& be) {
-    Buffer g = to_backend(be, dy), da = filled(be, xa.size(), kGarbage);
-    Buffer db = filled(be, xb.size(), kGarbage);
-    be.concat_backward(a, b, g.f32(), da.f32(), db.f32());
-    return Bwd{to_host(da), to_host(db)};
-  };
-  const Bwd c = bwd(*cpu_), g = bwd(*gpu_);
-  expect_equal("concat_backward diff_a", c.da, g.da);
-  expect_equal("concat_backward diff_b", c.db, g.db);
+  uint64_t seed = 900;
+  for (const auto& [a, b] : {std::pair{Dims{2, 5, 7, 3}, Dims{2, 5, 7, 5}},
+                             std::pair{Dims{2, 5, 7, 8}, Dims{2, 5, 7, 12}}}) {
+    const std::string name = "concat " + std::to_string(a.c) + "+" + std::to_string(b.c) + " ";
+    const Vec xa = random_vec(size_t(a.numel()), ++seed),
+              xb = random_vec(size_t(b.numel()), ++seed);
+    const Vec dy = random_vec(size_t(a.numel() + b.numel()), ++seed);
+    auto fwd = [&](Backend& be) {
+      Buffer pa = to_backend(be, xa), pb = to_backend(be, xb);
+      Buffer dst = filled(be, dy.size(), kGarbage);
+      be.concat_forward(a, pa.f32(), b, pb.f32(), dst.f32());
+      return to_host(dst);
+    };
+    expect_equal(name + "forward", fwd(*cpu_), fwd(*gpu_));
+    struct Bwd {
+      Vec da, db;
+    };
+    auto bwd = [&](Backend& be) {
+      Buffer g = to_backend(be, dy), da = filled(be, xa.size(), kGarbage);
+      Buffer db = filled(be, xb.size(), kGarbage);
+      be.concat_backward(a, b, g.f32(), da.f32(), db.f32());
+      return Bwd{to_host(da), to_host(db)};
+    };
+    const Bwd c = bwd(*cpu_), g = bwd(*gpu_);
+    expect_equal(name + "backward diff_a", c.da, g.da);
+    expect_equal(name + "backward diff_b", c.db, g.db);
+  }
 }
 
 // ---- Dropout: the device's Rng must be dp::Rng ------------------------------------------------
