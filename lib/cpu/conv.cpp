@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string>
 
 namespace dp::cpu {
 namespace {
@@ -17,6 +18,14 @@ dnnl::primitive_attr relu_attr(bool relu) {
     attr.set_post_ops(ops);
   }
   return attr;
+}
+
+// Moves `pd` past the implementations whose name starts with `prefix` (oneDNN lists them fastest
+// first); dnnl_unimplemented when no other is left.
+template <typename Pd>
+void skip_impls(Pd& pd, const char* prefix) {
+  while (std::string(pd.impl_info_str()).rfind(prefix, 0) == 0)
+    if (!pd.next_impl()) throw dnnl::error(dnnl_unimplemented, "no other implementation");
 }
 
 // Builds the three primitives of a (de)convolution. `Fwd`, `BwdData`, `BwdWeights` are oneDNN's
@@ -49,6 +58,12 @@ std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const D
   typename BwdWeights::primitive_desc bwd_w_pd(
       typename BwdWeights::desc(alg, src_ct, any_dw_md, bias_md, dst_ct, strides, padding, padding),
       eng, fwd_pd);
+  // oneDNN 2.6's jit_1x1 backward-weights kernel for a strided 1x1 convolution writes past its
+  // scratchpad with 3 or more threads (measured: 1408 bytes past a 5376-byte scratchpad for
+  // 2->4 channels, stride 2, 4 threads; whenever the input has fewer than 16 channels), corrupting
+  // the heap: ResNet downsample convolutions take the next implementation instead.
+  if (user_w_md.dims()[2] == 1 && user_w_md.dims()[3] == 1 && stride > 1)
+    skip_impls(bwd_w_pd, "jit_1x1");
   // One layout end to end: the activations must stay NHWC, never reordered.
   DP_CHECK(fwd_pd.src_desc() == src_ct && fwd_pd.dst_desc() == dst_md &&
                bwd_data_pd.diff_src_desc() == src_md && bwd_w_pd.diff_dst_desc() == dst_ct,
