@@ -599,16 +599,21 @@ __global__ void upsample_backward_kernel(I src_pixels, int c, int h, int w, cons
     const int iy = static_cast<int>(r - n * hh), ix = static_cast<int>(sp - r * ww);
     const int x_first = gather_first(ix), x_last = gather_last(ix, w);
     const T* image = diff_dst + static_cast<int64_t>(n) * 2 * h * ow * c + k;
+    // The (at most 4) column weights once per input pixel, in registers (unrolled: constant
+    // indices); 0 past x_last.
+    float wx[4];
+#pragma unroll
+    for (int t = 0; t < 4; ++t)
+      wx[t] = x_first + t <= x_last ? gather_weight(x_first + t, ix, w) : 0.0f;
     // Rows outer, columns inner, zero weights skipped, (wy * wx) * dy: the CPU backend's order.
     T dx = zero_value<T>();
     for (int oy = gather_first(iy); oy <= gather_last(iy, h); ++oy) {
       const float wy = gather_weight(oy, iy, h);
       if (wy == 0.0f) continue;
-      const T* row = image + oy * ow * c;
-      for (int ox = x_first; ox <= x_last; ++ox) {
-        const float wx = gather_weight(ox, ix, w);
-        if (wx != 0.0f) dx = dx + (wy * wx) * row[int64_t{ox} * c];
-      }
+      const T* row = image + (oy * ow + x_first) * c;
+#pragma unroll
+      for (int t = 0; t < 4; ++t)
+        if (wx[t] != 0.0f) dx = dx + (wy * wx[t]) * row[int64_t{t} * c];
     }
     diff_src[static_cast<int64_t>(sp) * c + k] = dx;
   }
