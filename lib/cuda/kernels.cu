@@ -499,22 +499,40 @@ void apply_channel_mask(cudaStream_t s, const Shape& d, const float* mask, const
 
 // Over dst pixels q = (n * oh + oy) * ow + ox; the top-left source pixel is (2 r) * w + 2 ox with
 // r = q / ow (since h = 2 oh).
-template <typename I>
-__global__ void maxpool_forward_kernel(I dst_pixels, int c, I w, I ow, const float* src, float* dst,
-                                       uint8_t* argmax) {
+// Window element v (index j in scan order) against the best so far: the first maximum wins.
+__device__ __forceinline__ void pool_max(float& best, uint8_t& which, float v, uint8_t j) {
+  if (v > best) best = v, which = j;
+}
+__device__ __forceinline__ void pool_max(float4& best, uchar4& which, float4 v, uint8_t j) {
+  pool_max(best.x, which.x, v.x, j);
+  pool_max(best.y, which.y, v.y, j);
+  pool_max(best.z, which.z, v.z, j);
+  pool_max(best.w, which.w, v.w, j);
+}
+__device__ __forceinline__ float routed(uint8_t which, unsigned j, float g) {
+  return which == j ? g : 0.0f;
+}
+__device__ __forceinline__ float4 routed(uchar4 which, unsigned j, float4 g) {
+  return make_float4(routed(which.x, j, g.x), routed(which.y, j, g.y), routed(which.z, j, g.z),
+                     routed(which.w, j, g.w));
+}
+
+// T = float4 with A = uchar4: c counts groups of 4 channels (argmax bytes likewise).
+template <typename I, typename T, typename A>
+__global__ void maxpool_forward_kernel(I dst_pixels, int c, I w, I ow, const T* src, T* dst,
+                                       A* argmax) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= c) return;
   const int64_t row = static_cast<int64_t>(w) * c;
   DP_PIXEL_STRIDE(I, q, dst_pixels) {
     const I r = q / ow, ox = q - r * ow;
-    const float* p00 = src + static_cast<int64_t>(2 * r * w + 2 * ox) * c + k;
+    const T* p00 = src + static_cast<int64_t>(2 * r * w + 2 * ox) * c + k;
     // First maximum in scan order wins, as in PyTorch (and the CPU backend).
-    float best = p00[0];
-    uint8_t which = 0;
-    const float v01 = p00[c], v10 = p00[row], v11 = p00[row + c];
-    if (v01 > best) best = v01, which = 1;
-    if (v10 > best) best = v10, which = 2;
-    if (v11 > best) best = v11, which = 3;
+    T best = p00[0];
+    A which{};
+    pool_max(best, which, p00[c], 1);
+    pool_max(best, which, p00[row], 2);
+    pool_max(best, which, p00[row + c], 3);
     const int64_t o = static_cast<int64_t>(q) * c + k;
     dst[o] = best;
     argmax[o] = which;
@@ -522,16 +540,16 @@ __global__ void maxpool_forward_kernel(I dst_pixels, int c, I w, I ow, const flo
 }
 
 // A gather over src pixels sp = (n * h + y) * w + x: each reads its one dst element.
-template <typename I>
-__global__ void maxpool_backward_kernel(I src_pixels, int c, I w, I ow, const uint8_t* argmax,
-                                        const float* diff_dst, float* diff_src, bool accumulate) {
+template <typename I, typename T, typename A>
+__global__ void maxpool_backward_kernel(I src_pixels, int c, I w, I ow, const A* argmax,
+                                        const T* diff_dst, T* diff_src, bool accumulate) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= c) return;
   DP_PIXEL_STRIDE(I, sp, src_pixels) {
     const I yrow = sp / w, x = sp - yrow * w;  // yrow = n * h + y; h even: y % 2 == yrow % 2
     const int64_t o = static_cast<int64_t>(yrow / 2 * ow + x / 2) * c + k;
     const unsigned j = static_cast<unsigned>((yrow & 1) * 2 + (x & 1));
-    const float v = argmax[o] == j ? diff_dst[o] : 0.0f;
+    const T v = routed(argmax[o], j, diff_dst[o]);
     const int64_t i = static_cast<int64_t>(sp) * c + k;
     diff_src[i] = accumulate ? diff_src[i] + v : v;
   }
@@ -921,12 +939,21 @@ void maxpool2x2_forward(cudaStream_t s, const Shape& src_dims, const float* src,
   const int ow = src_dims.w / 2;
   const int64_t dst_pixels = int64_t{src_dims.n} * (src_dims.h / 2) * ow;
   if (dst_pixels == 0 || src_dims.c == 0) return;
-  const auto cg = channel_grid(dst_pixels, src_dims.c, kMaxBlocks);
+  const bool v4 = src_dims.c % 4 == 0 && aligned16(src, dst) &&
+                  reinterpret_cast<uintptr_t>(argmax) % sizeof(uchar4) == 0;
+  const int c = v4 ? src_dims.c / 4 : src_dims.c;
+  const auto cg = channel_grid(dst_pixels, c, kMaxBlocks);
   with_index_type(src_dims.pixels(), [&](auto tag) {
     using I = decltype(tag);
-    maxpool_forward_kernel<I><<<cg.grid, cg.block, 0, s>>>(static_cast<I>(dst_pixels), src_dims.c,
-                                                           static_cast<I>(src_dims.w),
-                                                           static_cast<I>(ow), src, dst, argmax);
+    if (v4)
+      maxpool_forward_kernel<I, float4, uchar4><<<cg.grid, cg.block, 0, s>>>(
+          static_cast<I>(dst_pixels), c, static_cast<I>(src_dims.w), static_cast<I>(ow),
+          reinterpret_cast<const float4*>(src), reinterpret_cast<float4*>(dst),
+          reinterpret_cast<uchar4*>(argmax));
+    else
+      maxpool_forward_kernel<I, float, uint8_t>
+          <<<cg.grid, cg.block, 0, s>>>(static_cast<I>(dst_pixels), c, static_cast<I>(src_dims.w),
+                                        static_cast<I>(ow), src, dst, argmax);
   });
   DP_CUDA_CHECK(cudaGetLastError());
 }
@@ -935,12 +962,21 @@ void maxpool2x2_backward(cudaStream_t s, const Shape& src_dims, const uint8_t* a
                          const float* diff_dst, float* diff_src, bool accumulate) {
   const int64_t src_pixels = src_dims.pixels();
   if (src_pixels == 0 || src_dims.c == 0) return;
-  const auto cg = channel_grid(src_pixels, src_dims.c, kMaxBlocks);
+  const bool v4 = src_dims.c % 4 == 0 && aligned16(diff_dst, diff_src) &&
+                  reinterpret_cast<uintptr_t>(argmax) % sizeof(uchar4) == 0;
+  const int c = v4 ? src_dims.c / 4 : src_dims.c;
+  const auto cg = channel_grid(src_pixels, c, kMaxBlocks);
   with_index_type(src_pixels, [&](auto tag) {
     using I = decltype(tag);
-    maxpool_backward_kernel<I><<<cg.grid, cg.block, 0, s>>>(
-        static_cast<I>(src_pixels), src_dims.c, static_cast<I>(src_dims.w),
-        static_cast<I>(src_dims.w / 2), argmax, diff_dst, diff_src, accumulate);
+    if (v4)
+      maxpool_backward_kernel<I, float4, uchar4><<<cg.grid, cg.block, 0, s>>>(
+          static_cast<I>(src_pixels), c, static_cast<I>(src_dims.w), static_cast<I>(src_dims.w / 2),
+          reinterpret_cast<const uchar4*>(argmax), reinterpret_cast<const float4*>(diff_dst),
+          reinterpret_cast<float4*>(diff_src), accumulate);
+    else
+      maxpool_backward_kernel<I, float, uint8_t><<<cg.grid, cg.block, 0, s>>>(
+          static_cast<I>(src_pixels), c, static_cast<I>(src_dims.w), static_cast<I>(src_dims.w / 2),
+          argmax, diff_dst, diff_src, accumulate);
   });
   DP_CUDA_CHECK(cudaGetLastError());
 }
