@@ -497,8 +497,6 @@ void apply_channel_mask(cudaStream_t s, const Shape& d, const float* mask, const
 // ---------------------------------------------------------------------------------------------
 // Max-pool 2x2 / 2.
 
-// Over dst pixels q = (n * oh + oy) * ow + ox; the top-left source pixel is (2 r) * w + 2 ox with
-// r = q / ow (since h = 2 oh).
 // Window element v (index j in scan order) against the best so far: the first maximum wins.
 __device__ __forceinline__ void pool_max(float& best, uint8_t& which, float v, uint8_t j) {
   if (v > best) best = v, which = j;
@@ -517,7 +515,9 @@ __device__ __forceinline__ float4 routed(uchar4 which, unsigned j, float4 g) {
                      routed(which.w, j, g.w));
 }
 
-// T = float4 with A = uchar4: c counts groups of 4 channels (argmax bytes likewise).
+// Over dst pixels q = (n * oh + oy) * ow + ox; the top-left source pixel is (2 r) * w + 2 ox with
+// r = q / ow (since h = 2 oh). T = float4 with A = uchar4: c counts groups of 4 channels (argmax
+// bytes likewise).
 template <typename I, typename T, typename A>
 __global__ void maxpool_forward_kernel(I dst_pixels, int c, I w, I ow, const T* src, T* dst,
                                        A* argmax) {
@@ -583,23 +583,37 @@ __device__ __forceinline__ float gather_weight(int o, int i, int in) {
   return (t.i0 == i ? t.w0 : 0.0f) + (t.i1 == i ? t.w1 : 0.0f);
 }
 
-// Over dst pixels q = (n * oh + oy) * ow + ox of the [n, 2h, 2w, c] output.
+// Over src pixels sp = (n * h + j) * w + i: each thread writes the 2x2 outputs (2j + a, 2i + b)
+// of the [n, 2h, 2w, c] output from the 3x3 inputs around (j, i), clamped at the borders (9 loads
+// for 4 outputs). With clamped neighbours jm = max(j - 1, 0), jp = min(j + 1, h - 1), the taps
+// of output rows 2j and 2j + 1 read rows (jm, j) and (j, jp) exactly (upsample_tap: the border
+// taps read one row twice, the second time with weight 0); columns likewise. Each output is the
+// CPU backend's expression ty.w0 (tx.w0 a + tx.w1 b) + ty.w1 (tx.w0 d + tx.w1 e).
 // T = float4: c counts groups of 4 channels.
 template <typename I, typename T>
-__global__ void upsample_forward_kernel(I dst_pixels, int c, int h, int w, const T* src, T* dst) {
+__global__ void upsample_forward_kernel(I src_pixels, int c, int h, int w, const T* src, T* dst) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= c) return;
-  const I oh = 2 * static_cast<I>(h), ow = 2 * static_cast<I>(w);
-  DP_PIXEL_STRIDE(I, q, dst_pixels) {
-    const I r = q / ow, n = r / oh;
-    const Tap ty = upsample_tap(static_cast<int>(r - n * oh), h);
-    const Tap tx = upsample_tap(static_cast<int>(q - r * ow), w);
-    const int64_t row0 = (static_cast<int64_t>(n) * h + ty.i0) * w;
-    const int64_t row1 = (static_cast<int64_t>(n) * h + ty.i1) * w;
-    const T a = src[(row0 + tx.i0) * c + k], b = src[(row0 + tx.i1) * c + k];
-    const T d = src[(row1 + tx.i0) * c + k], e = src[(row1 + tx.i1) * c + k];
-    dst[static_cast<int64_t>(q) * c + k] =
-        ty.w0 * (tx.w0 * a + tx.w1 * b) + ty.w1 * (tx.w0 * d + tx.w1 * e);
+  const I hh = static_cast<I>(h), ww = static_cast<I>(w);
+  DP_PIXEL_STRIDE(I, sp, src_pixels) {
+    const I r = sp / ww, n = r / hh;
+    const int j = static_cast<int>(r - n * hh), i = static_cast<int>(sp - r * ww);
+    const Tap ty0 = upsample_tap(2 * j, h), ty1 = upsample_tap(2 * j + 1, h);
+    const Tap tx0 = upsample_tap(2 * i, w), tx1 = upsample_tap(2 * i + 1, w);
+    const int jm = j > 0 ? j - 1 : 0, jp = j + 1 < h ? j + 1 : j;
+    const int im = i > 0 ? i - 1 : 0, ip = i + 1 < w ? i + 1 : i;
+    const T* image = src + static_cast<int64_t>(n) * h * w * c + k;
+    auto at = [&](int y, int x) { return image[(static_cast<int64_t>(y) * w + x) * c]; };
+    const T s00 = at(jm, im), s01 = at(jm, i), s02 = at(jm, ip);
+    const T s10 = at(j, im), s11 = at(j, i), s12 = at(j, ip);
+    const T s20 = at(jp, im), s21 = at(jp, i), s22 = at(jp, ip);
+    const int64_t ow = 2 * int64_t{w};
+    T* out = dst + ((static_cast<int64_t>(n) * 2 * h + 2 * j) * ow + 2 * i) * c + k;
+    out[0] = ty0.w0 * (tx0.w0 * s00 + tx0.w1 * s01) + ty0.w1 * (tx0.w0 * s10 + tx0.w1 * s11);
+    out[c] = ty0.w0 * (tx1.w0 * s01 + tx1.w1 * s02) + ty0.w1 * (tx1.w0 * s11 + tx1.w1 * s12);
+    out += ow * c;
+    out[0] = ty1.w0 * (tx0.w0 * s10 + tx0.w1 * s11) + ty1.w1 * (tx0.w0 * s20 + tx0.w1 * s21);
+    out[c] = ty1.w0 * (tx1.w0 * s11 + tx1.w1 * s12) + ty1.w1 * (tx1.w0 * s21 + tx1.w1 * s22);
   }
 }
 
@@ -982,20 +996,20 @@ void maxpool2x2_backward(cudaStream_t s, const Shape& src_dims, const uint8_t* a
 }
 
 void upsample2x_forward(cudaStream_t s, const Shape& src_dims, const float* src, float* dst) {
-  const int64_t dst_pixels = 4 * src_dims.pixels();
-  if (dst_pixels == 0 || src_dims.c == 0) return;
+  const int64_t src_pixels = src_dims.pixels();
+  if (src_pixels == 0 || src_dims.c == 0) return;
   const bool v4 = src_dims.c % 4 == 0 && aligned16(src, dst);
   const int c = v4 ? src_dims.c / 4 : src_dims.c;
-  const auto cg = channel_grid(dst_pixels, c, kMaxBlocks);
-  with_index_type(dst_pixels, [&](auto tag) {
+  const auto cg = channel_grid(src_pixels, c, kMaxBlocks);
+  with_index_type(src_pixels, [&](auto tag) {
     using I = decltype(tag);
     if (v4)
       upsample_forward_kernel<I, float4><<<cg.grid, cg.block, 0, s>>>(
-          static_cast<I>(dst_pixels), c, src_dims.h, src_dims.w,
+          static_cast<I>(src_pixels), c, src_dims.h, src_dims.w,
           reinterpret_cast<const float4*>(src), reinterpret_cast<float4*>(dst));
     else
       upsample_forward_kernel<I, float><<<cg.grid, cg.block, 0, s>>>(
-          static_cast<I>(dst_pixels), c, src_dims.h, src_dims.w, src, dst);
+          static_cast<I>(src_pixels), c, src_dims.h, src_dims.w, src, dst);
   });
   DP_CUDA_CHECK(cudaGetLastError());
 }
