@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Pack a CUDA build and the shared libraries it needs into one folder for a GPU machine without them.
+# Packs a CUDA build and every shared library it needs into one folder, for GPU machines lacking them.
 #
 #   bash scripts/gpu-bundle.sh [BUILD_DIR [BUNDLE_DIR]]   (defaults build/gpu and gpu-bundle)
 #
@@ -7,7 +7,8 @@
 # test node: build here (cmake --preset cuda-release -B build/gpu -DCMAKE_CUDA_ARCHITECTURES=90,
 # then the targets gpu-check.sh runs), bundle, copy the folder over, and there:
 #
-#   source gpu-bundle/env.sh && DP_BUILD_DIR=gpu-bundle/build DP_PREBUILT=1 bash scripts/gpu-check.sh
+#   source gpu-bundle/env.sh &&
+#     DP_BUILD_DIR=gpu-bundle/build DP_PREBUILT=1 bash scripts/gpu-check.sh
 #
 # BUNDLE_DIR/build/{app,tests,bench}/  the binaries gpu-check.sh runs, where it expects them
 # BUNDLE_DIR/lib/                      their libraries and Open MPI's, except glibc's, the GPU
@@ -55,7 +56,8 @@ cp -r "$PMIX/lib/pmix" "$OUT/openmpi/pmix"
 cp -r "$PMIX/share/pmix" "$OUT/openmpi/share/pmix"
 
 # Every shared library these need, but those the target must provide itself.
-skip='^(linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil|libcuda|libcudnn[a-z_]*|libnccl|libnvidia[a-z-]*)\.so'
+glibc='linux-vdso|ld-linux|libc|libm|libdl|libpthread|librt|libresolv|libutil'
+skip="^($glibc|libcuda|libcudnn[a-z_]*|libnccl|libnvidia[a-z-]*)\\.so"
 mapfile -t objects < <(printf '%s\n' "${binaries[@]/#/$BUILD/}" /usr/bin/orterun /usr/bin/orted \
   "$OMPI_LIB"/openmpi3/*.so "$PMIX"/lib/pmix/*.so)
 ldd "${objects[@]}" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' | sort -u |
@@ -83,7 +85,8 @@ _dp_cuda=${DP_CUDA_LIBS-}
 if [[ -z "$_dp_cuda" ]]; then
   _dp_cuda=$(python3 -c 'import glob, os, site
 dirs = site.getsitepackages() + [site.getusersitepackages()]
-print(":".join(sorted({d for b in dirs for d in glob.glob(os.path.join(b, "nvidia", "*", "lib"))})))' \
+found = {d for b in dirs for d in glob.glob(os.path.join(b, "nvidia", "*", "lib"))}
+print(":".join(sorted(found)))' \
     2>/dev/null)
   for _dp_lib in libcudnn.so.9 libnccl.so.2; do
     _dp_dir=""
@@ -98,7 +101,8 @@ print(":".join(sorted({d for b in dirs for d in glob.glob(os.path.join(b, "nvidi
   done
 fi
 _dp_ld=$_dp_b/lib:$_dp_cuda
-# libstdc++/libgcc_s of the build machine only where this machine's lacks the build's newest symbols.
+# The build machine's libstdc++/libgcc_s only where this machine's lacks the build's newest
+# symbols.
 _dp_cxx=$(ldconfig -p 2>/dev/null | awk '/libstdc\+\+\.so\.6 .*x86-64/ {print $NF; exit}')
 if [[ -z "$_dp_cxx" ]] || ! grep -qa GLIBCXX_3.4.30 "$_dp_cxx"; then
   _dp_ld+=:$_dp_b/lib/fallback

@@ -6,11 +6,11 @@
 # Environment (all optional): JOBS (build jobs; default nproc), DP_BUILD_DIR (default
 # build/cuda-release), DP_CUDA_ARCH (default: this GPU's compute capability, e.g. 90, so device
 # code is compiled once; "preset" keeps the preset's 90;80), SIZE=448 BATCH=16 STEPS=20 WARMUP=5
-# (the benchmark), STEP_TIMEOUT=600 (seconds allowed to each test, run and benchmark), PYTHON (a Python whose PyTorch sees the GPU: then PyTorch runs beside dptrain
-# through bench/compare_gpu.sh; default python3 when it has CUDA PyTorch), DP_SKIP_DEPS=1 (do not
-# run scripts/install-deps.sh, e.g. offline), DP_PREBUILT=1 (use the binaries already in
-# DP_BUILD_DIR, e.g. a folder made by scripts/gpu-bundle.sh on a machine that has the dependencies;
-# implies DP_SKIP_DEPS=1).
+# (the benchmark), STEP_TIMEOUT=600 (seconds allowed to each test, run and benchmark), PYTHON (a
+# Python whose PyTorch sees the GPU: then PyTorch runs beside dptrain through bench/compare_gpu.sh;
+# default python3 when it has CUDA PyTorch), DP_SKIP_DEPS=1 (do not run scripts/install-deps.sh,
+# e.g. offline), DP_PREBUILT=1 (use the binaries already in DP_BUILD_DIR, e.g. a folder made by
+# scripts/gpu-bundle.sh on a machine that has the dependencies; implies DP_SKIP_DEPS=1).
 #
 # 1. A GPU must be visible (nvidia-smi, CUDA_VISIBLE_DEVICES), else exit 1 before building.
 # 2. scripts/install-deps.sh (system packages; a failure only warns: CMake names what is missing).
@@ -99,10 +99,11 @@ if [[ -f scripts/install-deps.sh && "${DP_SKIP_DEPS:-0}" != 1 && "$PREBUILT" != 
 fi
 
 # ---- 3. Configure and build only what the check runs ---------------------------------------------
-targets=(test_cuda test_cuda_backend test_nccl_reducer_mpi bench_gpu_throughput dptrain)
+binaries=(tests/test_cuda tests/test_cuda_backend tests/test_nccl_reducer_mpi
+  bench/bench_gpu_throughput app/dptrain)
+targets=("${binaries[@]##*/}")
 if [[ "$PREBUILT" == 1 ]]; then
-  for b in tests/test_cuda tests/test_cuda_backend tests/test_nccl_reducer_mpi \
-    bench/bench_gpu_throughput app/dptrain; do
+  for b in "${binaries[@]}"; do
     if [[ ! -x "$BUILD/$b" ]]; then
       fail "build"
       summary+=("build: DP_PREBUILT=1 but $BUILD/$b is missing")
