@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Packs a CUDA build and every shared library it needs into one folder, for GPU machines lacking them.
+# Packs a CUDA build with every shared library it needs into one folder, for GPU nodes lacking them.
 #
 #   bash scripts/gpu-bundle.sh [BUILD_DIR [BUNDLE_DIR]]   (defaults build/gpu and gpu-bundle)
 #
