@@ -159,6 +159,10 @@ run_gtest() {
     fail "$name"
     grep -E '^\[  FAILED  \] [A-Z]' "$log" | sort -u | sed 's/^/    /'
     ((failed == 0)) && tail_log "$log"
+  elif ((passed == 0)); then
+    # nvidia-smi saw a GPU but the CUDA runtime did not (every test skipped): not a pass.
+    line+=" (nothing ran)"
+    fail "$name"
   fi
   # On a GPU machine a skip is worth a look (test_cuda skips its no-GPU case by design).
   ((skipped > 0)) && line+=": $(grep -E '^\[  SKIPPED \] [A-Z]' "$log" |
