@@ -748,10 +748,16 @@ bool ConvEngine::forward(Plan& p, const void* x, const float* w, void* y, const 
       p.fuse = false;
     }
   }
-  DP_CUDNN_CHECK(cudnnConvolutionForward(handle_, &kOne, p.x.get(), x, ps.filter.get(), filter,
-                                         ps.conv.get(), algo, workspace_.data(), workspace_.bytes(),
-                                         &kZero, p.y.get(), y));
+  plain_forward(p, x, filter, y);
   return false;
+}
+
+void ConvEngine::plain_forward(const Plan& p, const void* x, const void* filter, void* y) {
+  const PassState& ps = p.pass[kForward];
+  DP_CUDNN_CHECK(
+      cudnnConvolutionForward(handle_, &kOne, p.x.get(), x, ps.filter.get(), filter, ps.conv.get(),
+                              static_cast<cudnnConvolutionFwdAlgo_t>(ps.algo), workspace_.data(),
+                              workspace_.bytes(), &kZero, p.y.get(), y));
 }
 
 cudnnStatus_t ConvEngine::fused_forward(const Plan& p, const void* x, const void* filter, void* y,
@@ -772,14 +778,10 @@ cudnnStatus_t ConvEngine::fused_forward(const Plan& p, const void* x, const void
 // A refused fused call counts as slower.
 bool ConvEngine::fused_is_faster(const Plan& p, const void* x, const void* filter, void* y,
                                  const float* bias, bool relu) {
-  const PassState& ps = p.pass[kForward];
   const cudaStream_t s = heap_.stream();
   auto fused = [&] { return fused_forward(p, x, filter, y, bias, relu); };
   auto plain = [&] {
-    DP_CUDNN_CHECK(
-        cudnnConvolutionForward(handle_, &kOne, p.x.get(), x, ps.filter.get(), filter,
-                                ps.conv.get(), static_cast<cudnnConvolutionFwdAlgo_t>(ps.algo),
-                                workspace_.data(), workspace_.bytes(), &kZero, p.y.get(), y));
+    plain_forward(p, x, filter, y);
     kernels::bias_relu(s, p.y_pixels(), p.k, bias, relu, static_cast<float*>(y));
   };
   const cudnnStatus_t status = fused();

@@ -103,13 +103,14 @@ class Arena {
 // output: the forward result with bias and ReLU (never the fused call), the data and filter
 // gradients as they are. So the results are rounded to bf16 once before they are widened, as
 // PyTorch's autocast (bf16 conv outputs and weight gradients) rounds them. KRSC filters are
-// converted (and filter gradients widened) in KRSC order directly. The bias gradient is the fp32
-// kernels::bias_backward on the fp32 output gradient. Algorithms are searched on the bf16 operands.
-// A shape for which cuDNN offers no usable bf16 algorithm for one of the passes it runs (e.g. 3
-// input channels, 1 output channel) gets an fp32 plan instead (all passes fp32, TF32 per
-// options.tf32, the fused bias + ReLU allowed), decided when the plan is built (a convolution's
-// backward-data pass: when first asked for, since the first layer never runs it) and logged once
-// (options.log); every other shape stays bf16. runs_in_bf16() says which a shape got.
+// converted (and filter gradients widened) in KRSC order directly. The bias gradient is summed in
+// fp32 from the fp32 output gradient (kernels::output_grad, which also makes its bf16 copy).
+// Algorithms are searched on the bf16 operands. A shape for which cuDNN offers no usable bf16
+// algorithm for one of the passes it runs (e.g. 3 input channels, 1 output channel) gets an fp32
+// plan instead (all passes fp32, TF32 per options.tf32, the fused bias + ReLU allowed), decided
+// when the plan is built (a convolution's backward-data pass: when first asked for, since the first
+// layer never runs it) and logged once (options.log); every other shape stays bf16. runs_in_bf16()
+// says which a shape got.
 class ConvEngine {
  public:
   // `workspace` is the backend's one convolution workspace arena: it grows to the largest chosen
@@ -156,7 +157,9 @@ class ConvEngine {
   // layout. y = x * w (cross-correlation); with a bias (fp32 only) the bias and ReLU may be fused:
   // true when they were, else epilogue() must follow.
   bool forward(Plan& p, const void* x, const float* w, void* y, const float* bias, bool relu);
-  // cudnnConvolutionBiasActivationForward with the forward pass's algorithm.
+  // cudnnConvolutionForward, and cudnnConvolutionBiasActivationForward, with the forward pass's
+  // algorithm.
+  void plain_forward(const Plan& p, const void* x, const void* filter, void* y);
   cudnnStatus_t fused_forward(const Plan& p, const void* x, const void* filter, void* y,
                               const float* bias, bool relu);
   // Times the fused call against the plain convolution + bias/ReLU kernel (first fp32 forward).

@@ -81,6 +81,15 @@ __device__ __forceinline__ float4 relu_of(float4 v) {
   return make_float4(fmaxf(v.x, 0.0f), fmaxf(v.y, 0.0f), fmaxf(v.z, 0.0f), fmaxf(v.w, 0.0f));
 }
 
+// The ReLU's backward: g where the ReLU's output y is positive, else 0.
+__device__ __forceinline__ float relu_mask(float y, float g) {
+  return y > 0.0f ? g : 0.0f;
+}
+__device__ __forceinline__ float4 relu_mask(float4 y, float4 g) {
+  return make_float4(y.x > 0.0f ? g.x : 0.0f, y.y > 0.0f ? g.y : 0.0f, y.z > 0.0f ? g.z : 0.0f,
+                     y.w > 0.0f ? g.w : 0.0f);
+}
+
 // Whether every pointer is 16-byte aligned (float4 loads and stores).
 template <typename... P>
 bool aligned16(const P*... p) {
@@ -149,17 +158,13 @@ __global__ void relu_kernel(int64_t n, const float* src, float* dst) {
 
 __global__ void relu_backward_kernel(int64_t n, const float* dst, const float* diff_dst,
                                      float* diff_src) {
-  DP_GRID_STRIDE(i, n) diff_src[i] = dst[i] > 0.0f ? diff_dst[i] : 0.0f;
+  DP_GRID_STRIDE(i, n) diff_src[i] = relu_mask(dst[i], diff_dst[i]);
 }
 
 // The same over n4 groups of 4 (the launcher runs the scalar kernel over the remainder).
 __global__ void relu_backward4_kernel(int64_t n4, const float4* dst, const float4* diff_dst,
                                       float4* diff_src) {
-  DP_GRID_STRIDE(i, n4) {
-    const float4 y = dst[i], g = diff_dst[i];
-    diff_src[i] = make_float4(y.x > 0.0f ? g.x : 0.0f, y.y > 0.0f ? g.y : 0.0f,
-                              y.z > 0.0f ? g.z : 0.0f, y.w > 0.0f ? g.w : 0.0f);
-  }
+  DP_GRID_STRIDE(i, n4) diff_src[i] = relu_mask(dst[i], diff_dst[i]);
 }
 
 __global__ void accumulate_kernel(int64_t n, const float* src, float* dst) {
@@ -191,16 +196,6 @@ __global__ void bias_relu_kernel(int64_t pixels, int c, const T* bias, bool relu
     const T v = *y + b;
     *y = relu ? relu_of(v) : v;
   }
-}
-
-__global__ void bias_backward_kernel(int64_t pixels, int c, const float* diff_dst,
-                                     float* diff_bias) {
-  const int k = blockIdx.x * blockDim.x + threadIdx.x;
-  float acc[1] = {0.0f};
-  if (k < c) {
-    DP_PIXEL_STRIDE(int64_t, p, pixels) acc[0] += diff_dst[p * c + k];
-  }
-  channel_block_sum(acc, diff_bias, c, k);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -280,13 +275,6 @@ __device__ void channel_block_sum4(float4 acc, float* out, int c4, int k) {
   }
 }
 
-__device__ __forceinline__ float relu_mask(float y, float g) {
-  return y > 0.0f ? g : 0.0f;
-}
-__device__ __forceinline__ float4 relu_mask(float4 y, float4 g) {
-  return make_float4(y.x > 0.0f ? g.x : 0.0f, y.y > 0.0f ? g.y : 0.0f, y.z > 0.0f ? g.z : 0.0f,
-                     y.w > 0.0f ? g.w : 0.0f);
-}
 __device__ __forceinline__ __nv_bfloat16 narrow(float v) {
   return __float2bfloat16_rn(v);
 }
@@ -835,12 +823,6 @@ void output_grad(cudaStream_t s, int64_t pixels, int c, const float* dst, float*
   else
     launch_channels(s, pixels, c, blocks, output_grad_kernel<float, __nv_bfloat16>, dst, diff_dst,
                     diff_bias, lowp);
-}
-
-void bias_backward(cudaStream_t s, int64_t pixels, int c, const float* diff_dst, float* diff_bias) {
-  if (c <= 0) return;
-  zero(s, diff_bias, sizeof(float) * static_cast<size_t>(c));
-  launch_channels(s, pixels, c, kReduceBlocks, bias_backward_kernel, diff_dst, diff_bias);
 }
 
 void to_bf16(cudaStream_t s, int64_t count, const float* src, __nv_bfloat16* dst) {

@@ -38,8 +38,6 @@ void scale(cudaStream_t s, int64_t count, float alpha, float* dst);
 void sum_squares(cudaStream_t s, int64_t count, const float* src, double* result);
 // dst[p, k] += bias[k] (then ReLU when relu), NHWC with c channels over `pixels` rows.
 void bias_relu(cudaStream_t s, int64_t pixels, int c, const float* bias, bool relu, float* dst);
-// diff_bias[k] = sum over pixels of diff_dst[p, k] (overwritten).
-void bias_backward(cudaStream_t s, int64_t pixels, int c, const float* diff_dst, float* diff_bias);
 // A convolution's output gradient g, NHWC [pixels, c], in one pass: with dst (the ReLU'd output)
 // g = dst > 0 ? diff_dst : 0, written back to diff_dst; with diff_bias, diff_bias[k] = sum over
 // pixels of g (overwritten); with lowp, lowp = bf16(g). Each of the three may be null.
