@@ -171,8 +171,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "the GPU: deterministic cuDNN algorithms only (the own reductions' atomics may still "
       "change the last bits)")(
       "precision", po::value(&o.precision)->default_value(o.precision),
-      "fp32, or bf16: convolutions on bf16 inputs and weights with fp32 accumulation, "
-      "everything else fp32 (as PyTorch autocast; CPUs with AVX512-BF16 or AMX, GPUs)")(
+      "fp32, or bf16: activations and their gradients stored in bf16, convolutions on bf16 "
+      "inputs and weights with fp32 accumulation; weights, optimiser state, batch-norm "
+      "statistics, loss and reductions fp32 (as PyTorch autocast; CPUs with AVX512-BF16 or AMX, "
+      "GPUs)")(
       "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
       "CPU fp32 3x3 stride-1 convolutions: auto (per pass, direct or Winograd, whichever is "
       "faster when timed at first use), direct, or winograd (wherever oneDNN has it); "

@@ -456,7 +456,8 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
               " convolutions");
   else
     log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN), ", omp_get_max_threads(),
-              " thread(s) per rank, ", opt_.precision, " convolutions",
+              " thread(s) per rank, ",
+              opt_.precision == "bf16" ? "bf16 activations and convolutions" : "fp32 convolutions",
               opt_.precision == "bf16" || opt_.deterministic || opt_.cpu_conv == "direct" ? ""
               : opt_.cpu_conv == "winograd" ? " (3x3: Winograd)"
                                             : " (3x3: direct or Winograd, timed at first use)");

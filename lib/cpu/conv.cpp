@@ -37,26 +37,24 @@ std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const D
   auto p = std::make_unique<ConvPrims>();
   p->relu = relu;
   p->has_bias = has_bias;
-  p->lowp = bf16;
-  // Activations and their gradients are fp32 NHWC; the primitives read `ct` (the compute type)
-  // copies of the input and the output gradient, and weights in `ct`.
-  const dt ct = bf16 ? dt::bf16 : dt::f32;
-  const memory::desc src_md = nhwc_md(src), dst_md = nhwc_md(dst);
-  const memory::desc src_ct = nhwc_md(src, ct), dst_ct = nhwc_md(dst, ct);
-  const memory::desc any_w_md(user_w_md.dims(), ct, tag::any);
+  // Activations and their gradients are NHWC in `at` (fp32, or bf16 storage); the weights are
+  // read in the same type (a bf16 copy made by the weight reorder), weight gradients are fp32.
+  const dt at = bf16 ? dt::bf16 : dt::f32;
+  const memory::desc src_md = nhwc_md(src, at), dst_md = nhwc_md(dst, at);
+  const memory::desc any_w_md(user_w_md.dims(), at, tag::any);
   const memory::desc any_dw_md(user_w_md.dims(), dt::f32, tag::any);
   const memory::desc bias_md = has_bias ? memory::desc({dst.c}, dt::f32, tag::x) : memory::desc();
   const memory::dims strides{stride, stride}, padding{pad, pad};
 
   typename Fwd::primitive_desc fwd_pd(
-      typename Fwd::desc(prop_kind::forward_training, alg, src_ct, any_w_md, bias_md, dst_md,
+      typename Fwd::desc(prop_kind::forward_training, alg, src_md, any_w_md, bias_md, dst_md,
                          strides, padding, padding),
       relu_attr(relu), eng);
   typename BwdData::primitive_desc bwd_data_pd(
-      typename BwdData::desc(alg, src_md, any_w_md, dst_ct, strides, padding, padding), eng,
+      typename BwdData::desc(alg, src_md, any_w_md, dst_md, strides, padding, padding), eng,
       fwd_pd);
   typename BwdWeights::primitive_desc bwd_w_pd(
-      typename BwdWeights::desc(alg, src_ct, any_dw_md, bias_md, dst_ct, strides, padding, padding),
+      typename BwdWeights::desc(alg, src_md, any_dw_md, bias_md, dst_md, strides, padding, padding),
       eng, fwd_pd);
   // oneDNN 2.6's jit_1x1 backward-weights kernel for a strided 1x1 convolution writes past its
   // scratchpad with 3 or more threads (measured: 1408 bytes past a 5376-byte scratchpad for
@@ -65,27 +63,14 @@ std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const D
   if (user_w_md.dims()[2] == 1 && user_w_md.dims()[3] == 1 && stride > 1)
     skip_impls(bwd_w_pd, "jit_1x1");
   // One layout end to end: the activations must stay NHWC, never reordered.
-  DP_CHECK(fwd_pd.src_desc() == src_ct && fwd_pd.dst_desc() == dst_md &&
-               bwd_data_pd.diff_src_desc() == src_md && bwd_w_pd.diff_dst_desc() == dst_ct,
+  DP_CHECK(fwd_pd.src_desc() == src_md && fwd_pd.dst_desc() == dst_md &&
+               bwd_data_pd.diff_src_desc() == src_md && bwd_w_pd.diff_dst_desc() == dst_md,
            "oneDNN chose a non-NHWC activation layout for ", src.c, "->", dst.c, " channels");
 
   p->src.init(src_md, eng);
   p->dst.init(dst_md, eng);
   p->diff_src.init(src_md, eng);
   p->diff_dst.init(dst_md, eng);
-  if (bf16) {
-    p->src_lowp.init(src_ct, eng);
-    p->diff_dst_lowp.init(dst_ct, eng);
-    p->src_to_lowp = Exec(dnnl::reorder(p->src.mem, p->src_lowp.mem));
-    p->src_to_lowp.arg(DNNL_ARG_FROM, p->src.mem).arg(DNNL_ARG_TO, p->src_lowp.mem);
-    p->diff_dst_to_lowp = Exec(dnnl::reorder(p->diff_dst.mem, p->diff_dst_lowp.mem));
-    p->diff_dst_to_lowp.arg(DNNL_ARG_FROM, p->diff_dst.mem).arg(DNNL_ARG_TO, p->diff_dst_lowp.mem);
-    p->src_lowp_bytes = (src_ct.get_size() + 63) / 64 * 64;
-    p->dst_lowp_bytes = (dst_ct.get_size() + 63) / 64 * 64;
-  } else {  // the primitives read the fp32 tensors themselves
-    p->src_lowp = p->src;
-    p->diff_dst_lowp = p->diff_dst;
-  }
   p->w_fwd.init(eng, user_w_md, fwd_pd.weights_desc());
   p->w_bwd.init(eng, user_w_md, bwd_data_pd.weights_desc());
   p->diff_w_user.init(user_w_md, eng);
@@ -94,16 +79,16 @@ std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const D
   const memory& dw = p->diff_w_reorder ? p->diff_w_internal.mem : p->diff_w_user.mem;
 
   p->fwd = Exec(Fwd(fwd_pd));
-  p->fwd.arg(DNNL_ARG_SRC, p->src_lowp.mem)
+  p->fwd.arg(DNNL_ARG_SRC, p->src.mem)
       .arg(DNNL_ARG_WEIGHTS, p->w_fwd.active())
       .arg(DNNL_ARG_DST, p->dst.mem);
   p->bwd_data = Exec(BwdData(bwd_data_pd));
-  p->bwd_data.arg(DNNL_ARG_DIFF_DST, p->diff_dst_lowp.mem)
+  p->bwd_data.arg(DNNL_ARG_DIFF_DST, p->diff_dst.mem)
       .arg(DNNL_ARG_WEIGHTS, p->w_bwd.active())
       .arg(DNNL_ARG_DIFF_SRC, p->diff_src.mem);
   p->bwd_weights = Exec(BwdWeights(bwd_w_pd));
-  p->bwd_weights.arg(DNNL_ARG_SRC, p->src_lowp.mem)
-      .arg(DNNL_ARG_DIFF_DST, p->diff_dst_lowp.mem)
+  p->bwd_weights.arg(DNNL_ARG_SRC, p->src.mem)
+      .arg(DNNL_ARG_DIFF_DST, p->diff_dst.mem)
       .arg(DNNL_ARG_DIFF_WEIGHTS, dw);
   if (has_bias) {
     p->bias.init(bias_md, eng);
@@ -263,7 +248,7 @@ size_t ConvPrims::copies_bytes() const {
       if (algo[k] != PassAlgo::kDirect) pad = std::max(pad, wino->pad_bytes[k]);
     wino_bytes = wino->src_bytes + wino->mid_bytes + pad;
   }
-  return std::max(src_lowp_bytes + dst_lowp_bytes, wino_bytes);
+  return wino_bytes;
 }
 
 size_t ConvPrims::weight_scratch_bytes() const {
@@ -295,13 +280,9 @@ void ConvPrims::forward_pass(dnnl::stream& s, const float* w, const Scratch& scr
   s.wait();
 }
 
-void ConvPrims::forward(dnnl::stream& s, const float* x, const float* w, const float* b, float* y,
+void ConvPrims::forward(dnnl::stream& s, const void* x, const float* w, const float* b, void* y,
                         const Scratch& scratch) {
   src.at(x);
-  if (lowp) {
-    src_lowp.at(scratch.copies);
-    src_to_lowp.run(s);
-  }
   dst.at(y);
   if (has_bias) bias.at(b);
   if (wino) bind_wino_copies(scratch);
@@ -340,18 +321,12 @@ void ConvPrims::data_pass(dnnl::stream& s, const float* w, const Scratch& scratc
   s.wait();
 }
 
-void ConvPrims::backward(dnnl::stream& s, const float* x, const float* w, const float* y, float* dy,
-                         float* dx, float* dw, float* db, const Scratch& scratch) {
+void ConvPrims::backward(dnnl::stream& s, const void* x, const float* w, const void* y, void* dy,
+                         void* dx, float* dw, float* db, const Scratch& scratch) {
   src.at(x);
   dst.at(y);
   diff_dst.at(dy);
   if (relu) relu_bwd.run(s);
-  if (lowp) {  // the bf16 copies: input (again: layers of one shape share these primitives)
-    src_lowp.at(scratch.copies);
-    diff_dst_lowp.at(static_cast<char*>(scratch.copies) + src_lowp_bytes);
-    src_to_lowp.run(s);
-    diff_dst_to_lowp.run(s);
-  }
   diff_w_user.at(dw);
   if (has_bias) diff_bias.at(db);
   if (dx != nullptr) diff_src.at(dx);

@@ -1,6 +1,6 @@
-// The CPU backend: oneDNN primitives (convolutions in conv.cpp, ReLU), created once per shape and
-// cached, plus plain loops for max-pool, bilinear upsampling, batch norm, concat, residual add,
-// dropout, loss, metrics and the optimiser update.
+// The CPU backend: oneDNN convolutions (conv.cpp), created once per shape and cached, plus plain
+// loops for ReLU, max-pool, bilinear upsampling, batch norm, concat, residual add, dropout, loss,
+// metrics and the optimiser update, over fp32 or bf16 activations.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "dp/backend.hpp"
+#include "dp/bf16.hpp"
 #include "dp/error.hpp"
 #include "dp/rng.hpp"
 #include "onednn.hpp"
@@ -18,20 +19,7 @@
 namespace dp {
 namespace {
 
-using cpu::algorithm;
-using cpu::Bound;
 using cpu::checked;
-using cpu::dt;
-using cpu::Exec;
-using cpu::memory;
-using cpu::nhwc_md;
-using cpu::prop_kind;
-using cpu::tag;
-
-struct EltwiseEntry {
-  Exec fwd, bwd;
-  Bound src, dst, diff_dst, diff_src;
-};
 
 auto conv_key(const ConvDesc& d) {
   return std::make_tuple(d.n, d.h, d.w, d.cin, d.cout, d.kernel, d.relu, d.stride, d.padding(),
@@ -66,6 +54,258 @@ int upsample_gather(int i, int in, Gather* g) {
   return n;
 }
 
+// The element-wise and data-movement ops as loops over T, the activation storage type (float or
+// bf16): each element is widened to fp32, computed in fp32 and stored back as T.
+template <typename T>
+const T* as(const void* p) {
+  return static_cast<const T*>(p);
+}
+template <typename T>
+T* as(void* p) {
+  return static_cast<T*>(p);
+}
+
+template <typename T>
+void maxpool_forward(const Dims& s, const T* src, T* dst, uint8_t* argmax) {
+  const int oh = s.h / 2, ow = s.w / 2, c = s.c;
+  const int64_t rows = int64_t{s.n} * oh;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = r / oh, y = r % oh;
+    for (int x = 0; x < ow; ++x) {
+      const T* p00 = src + ((n * s.h + 2 * y) * s.w + 2 * x) * c;
+      const T* p01 = p00 + c;
+      const T* p10 = p00 + int64_t{s.w} * c;
+      const T* p11 = p10 + c;
+      T* o = dst + ((n * oh + y) * ow + x) * c;
+      uint8_t* a = argmax + ((n * oh + y) * ow + x) * c;
+      for (int k = 0; k < c; ++k) {
+        // First maximum in scan order wins, as in PyTorch. (The maximum is one of the inputs, so
+        // storing it back as T is exact.)
+        float best = to_float(p00[k]);
+        uint8_t which = 0;
+        if (const float v = to_float(p01[k]); v > best) best = v, which = 1;
+        if (const float v = to_float(p10[k]); v > best) best = v, which = 2;
+        if (const float v = to_float(p11[k]); v > best) best = v, which = 3;
+        o[k] = from_float<T>(best);
+        a[k] = which;
+      }
+    }
+  }
+}
+
+template <typename T>
+void maxpool_backward(const Dims& s, const uint8_t* argmax, const T* diff_dst, T* diff_src,
+                      bool accumulate) {
+  const int oh = s.h / 2, ow = s.w / 2, c = s.c;
+  const int64_t rows = int64_t{s.n} * oh;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = r / oh, y = r % oh;
+    for (int x = 0; x < ow; ++x) {
+      T* q[4];
+      q[0] = diff_src + ((n * s.h + 2 * y) * s.w + 2 * x) * c;
+      q[1] = q[0] + c;
+      q[2] = q[0] + int64_t{s.w} * c;
+      q[3] = q[2] + c;
+      const int64_t o = ((n * oh + y) * ow + x) * c;
+      for (int k = 0; k < c; ++k) {
+        const uint8_t which = argmax[o + k];
+        const float g = to_float(diff_dst[o + k]);
+        for (int j = 0; j < 4; ++j) {
+          const float v = j == which ? g : 0.0f;
+          q[j][k] = from_float<T>(accumulate ? to_float(q[j][k]) + v : v);
+        }
+      }
+    }
+  }
+}
+
+// Bilinear x2 with align_corners=False has fixed weights: output 2k takes 1/4 of input k-1 and
+// 3/4 of input k, output 2k+1 takes 3/4 of k and 1/4 of k+1, clamped at the borders. Plain loops
+// over (row, column) with the channels innermost (oneDNN's generic resampling backward took 3x
+// its forward time here).
+template <typename T>
+void upsample_forward(const Dims& s, const T* src, T* dst) {
+  const int oh = 2 * s.h, ow = 2 * s.w, c = s.c;
+  const int64_t rows = int64_t{s.n} * oh;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = r / oh;
+    const Tap y = upsample_tap(int(r % oh), s.h);
+    const T* row0 = src + (n * s.h + y.i0) * int64_t{s.w} * c;
+    const T* row1 = src + (n * s.h + y.i1) * int64_t{s.w} * c;
+    T* out = dst + r * ow * c;
+    for (int ox = 0; ox < ow; ++ox) {
+      const Tap x = upsample_tap(ox, s.w);
+      const T* a = row0 + int64_t{x.i0} * c;
+      const T* b = row0 + int64_t{x.i1} * c;
+      const T* d = row1 + int64_t{x.i0} * c;
+      const T* e = row1 + int64_t{x.i1} * c;
+      T* o = out + int64_t{ox} * c;
+#pragma omp simd
+      for (int k = 0; k < c; ++k)
+        o[k] = from_float<T>(y.w0 * (x.w0 * to_float(a[k]) + x.w1 * to_float(b[k])) +
+                             y.w1 * (x.w0 * to_float(d[k]) + x.w1 * to_float(e[k])));
+    }
+  }
+}
+
+// The transpose, as a gather: input i collects from outputs 2i-1 .. 2i+2 (upsample_gather), in
+// fp32 (a row of one pixel's channels), stored once.
+template <typename T>
+void upsample_backward(const Dims& s, const T* diff_dst, T* diff_src) {
+  const int ow = 2 * s.w, c = s.c;
+  const int64_t rows = int64_t{s.n} * s.h;
+#pragma omp parallel
+  {
+    std::vector<float> sum(static_cast<size_t>(c));
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n = r / s.h;
+      Gather gy[kGatherTaps];
+      const int ny = upsample_gather(int(r % s.h), s.h, gy);
+      for (int ix = 0; ix < s.w; ++ix) {
+        Gather gx[kGatherTaps];
+        const int nx = upsample_gather(ix, s.w, gx);
+        float* acc = sum.data();
+        std::fill(acc, acc + c, 0.0f);
+        for (int j = 0; j < ny; ++j) {
+          const T* row = diff_dst + (n * 2 * s.h + gy[j].o) * int64_t{ow} * c;
+          for (int i = 0; i < nx; ++i) {
+            const float w = gy[j].w * gx[i].w;
+            const T* dy = row + int64_t{gx[i].o} * c;
+#pragma omp simd
+            for (int k = 0; k < c; ++k) acc[k] += w * to_float(dy[k]);
+          }
+        }
+        T* dx = diff_src + (r * s.w + ix) * c;
+#pragma omp simd
+        for (int k = 0; k < c; ++k) dx[k] = from_float<T>(acc[k]);
+      }
+    }
+  }
+}
+
+template <typename T>
+void batchnorm_stats_loop(const Dims& d, const T* src, double* sums) {
+  const int c = d.c;
+  const int64_t pixels = d.pixels();
+  std::fill(sums, sums + 2 * c, 0.0);
+  for (int64_t p = 0; p < pixels; ++p) {
+    const T* x = src + p * c;
+#pragma omp simd
+    for (int k = 0; k < c; ++k) {
+      const double v = to_float(x[k]);
+      sums[k] += v;
+      sums[c + k] += v * v;
+    }
+  }
+}
+
+template <typename T>
+void batchnorm_apply_loop(const Dims& d, const T* src, const float* mean, const float* invstd,
+                          const float* gamma, const float* beta, bool relu, T* dst) {
+  const int c = d.c;
+  const int64_t pixels = d.pixels();
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < pixels; ++p) {
+    const T* x = src + p * c;
+    T* y = dst + p * c;
+#pragma omp simd
+    for (int k = 0; k < c; ++k) {
+      const float v = gamma[k] * (to_float(x[k]) - mean[k]) * invstd[k] + beta[k];
+      y[k] = from_float<T>(relu ? std::fmax(v, 0.0f) : v);
+    }
+  }
+}
+
+template <typename T>
+void batchnorm_backward_stats_loop(const Dims& d, const T* src, const T* dst, bool relu,
+                                   T* diff_dst, const float* mean, const float* invstd,
+                                   double* sums) {
+  const int c = d.c;
+  const int64_t pixels = d.pixels();
+  std::fill(sums, sums + 2 * c, 0.0);
+  for (int64_t p = 0; p < pixels; ++p) {
+    const T* x = src + p * c;
+    T* dy = diff_dst + p * c;
+    if (relu) {
+      const T* y = dst + p * c;
+      for (int k = 0; k < c; ++k)
+        if (!(to_float(y[k]) > 0.0f)) dy[k] = from_float<T>(0.0f);
+    }
+#pragma omp simd
+    for (int k = 0; k < c; ++k) {
+      const double g = to_float(dy[k]);
+      sums[k] += g;
+      sums[c + k] += g * (to_float(x[k]) - mean[k]) * invstd[k];
+    }
+  }
+}
+
+template <typename T>
+void batchnorm_backward_apply_loop(const Dims& d, const T* src, const T* diff_dst,
+                                   const float* mean, const float* invstd, const float* gamma,
+                                   const float* mean_dy, const float* mean_dy_xhat, T* diff_src,
+                                   bool accumulate) {
+  const int c = d.c;
+  const int64_t pixels = d.pixels();
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < pixels; ++p) {
+    const T* x = src + p * c;
+    const T* dy = diff_dst + p * c;
+    T* dx = diff_src + p * c;
+#pragma omp simd
+    for (int k = 0; k < c; ++k) {
+      const float xhat = (to_float(x[k]) - mean[k]) * invstd[k];
+      const float v =
+          gamma[k] * invstd[k] * (to_float(dy[k]) - mean_dy[k] - xhat * mean_dy_xhat[k]);
+      dx[k] = from_float<T>(accumulate ? to_float(dx[k]) + v : v);
+    }
+  }
+}
+
+template <typename T>
+void add_loop(int64_t count, const T* a, const T* b, bool relu, T* dst) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = to_float(a[i]) + to_float(b[i]);
+    dst[i] = from_float<T>(relu ? std::fmax(v, 0.0f) : v);
+  }
+}
+
+template <typename T>
+void accumulate_loop(int64_t count, const T* src, T* dst) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) dst[i] = from_float<T>(to_float(dst[i]) + to_float(src[i]));
+}
+
+template <typename T>
+void channel_mask_loop(const Dims& d, const float* mask, const T* src, T* dst) {
+  const int64_t hw = int64_t{d.h} * d.w;
+#pragma omp parallel for schedule(static)
+  for (int64_t p = 0; p < d.pixels(); ++p) {
+    const float* m = mask + (p / hw) * d.c;
+#pragma omp simd
+    for (int k = 0; k < d.c; ++k)
+      dst[p * d.c + k] = from_float<T>(to_float(src[p * d.c + k]) * m[k]);
+  }
+}
+
+template <typename T>
+void relu_forward_loop(int64_t count, const T* src, T* dst) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) dst[i] = from_float<T>(std::fmax(to_float(src[i]), 0.0f));
+}
+
+template <typename T>
+void relu_backward_loop(int64_t count, const T* dst, const T* diff_dst, T* diff_src) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i)
+    diff_src[i] = to_float(dst[i]) > 0.0f ? diff_dst[i] : from_float<T>(0.0f);
+}
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(const CpuOptions& options)
@@ -75,7 +315,7 @@ class CpuBackend final : public Backend {
         conv_algo_(options.conv_algo) {}
 
   std::string name() const override {
-    if (bf16_) return "cpu (bf16 convolutions)";
+    if (bf16_) return "cpu (bf16 activations and convolutions)";
     switch (conv_algo_) {
       case CpuConvAlgo::kAuto:
         return "cpu (3x3 convolutions: direct or Winograd, timed)";
@@ -87,171 +327,87 @@ class CpuBackend final : public Backend {
     return "cpu";
   }
 
-  void conv_forward(const ConvDesc& d, const float* src, const float* weight, const float* bias,
-                    float* dst) override {
+  DType activation_type() const override { return bf16_ ? DType::kBFloat16 : DType::kFloat32; }
+
+  void to_activation(int64_t count, const float* src, void* dst) override {
+    visit([&](auto t) {
+      using T = decltype(t);
+      T* out = as<T>(dst);
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < count; ++i) out[i] = from_float<T>(src[i]);
+    });
+  }
+
+  void from_activation(int64_t count, const void* src, float* dst) override {
+    visit([&](auto t) {
+      const auto* in = as<decltype(t)>(src);
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = 0; i < count; ++i) dst[i] = to_float(in[i]);
+    });
+  }
+
+  void conv_forward(const ConvDesc& d, const void* src, const float* weight, const float* bias,
+                    void* dst) override {
     cpu::ConvPrims& p = conv(d);  // first: it may grow the scratch
     p.forward(stream_, src, weight, bias, dst, scratch());
   }
 
-  void conv_backward(const ConvDesc& d, const float* src, const float* weight, const float* dst,
-                     float* diff_dst, float* diff_src, float* diff_weight,
+  void conv_backward(const ConvDesc& d, const void* src, const float* weight, const void* dst,
+                     void* diff_dst, void* diff_src, float* diff_weight,
                      float* diff_bias) override {
     cpu::ConvPrims& p = conv(d);
     p.backward(stream_, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias, scratch());
   }
 
-  void deconv_forward(const DeconvDesc& d, const float* src, const float* weight, const float* bias,
-                      float* dst) override {
+  void deconv_forward(const DeconvDesc& d, const void* src, const float* weight, const float* bias,
+                      void* dst) override {
     cpu::ConvPrims& p = deconv(d);
     p.forward(stream_, src, weight, bias, dst, scratch());
   }
 
-  void deconv_backward(const DeconvDesc& d, const float* src, const float* weight, const float* dst,
-                       float* diff_dst, float* diff_src, float* diff_weight,
+  void deconv_backward(const DeconvDesc& d, const void* src, const float* weight, const void* dst,
+                       void* diff_dst, void* diff_src, float* diff_weight,
                        float* diff_bias) override {
     cpu::ConvPrims& p = deconv(d);
     p.backward(stream_, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias, scratch());
   }
 
-  void relu_forward(int64_t count, const float* src, float* dst) override {
-    EltwiseEntry& e = relu(count);
-    e.src.at(src);
-    e.dst.at(dst);
-    e.fwd.run(stream_);
-    stream_.wait();
+  void relu_forward(int64_t count, const void* src, void* dst) override {
+    visit([&](auto t) { relu_forward_loop(count, as<decltype(t)>(src), as<decltype(t)>(dst)); });
   }
 
-  void relu_backward(int64_t count, const float* dst, const float* diff_dst,
-                     float* diff_src) override {
-    EltwiseEntry& e = relu(count);
-    e.dst.at(dst);
-    e.diff_dst.at(diff_dst);
-    e.diff_src.at(diff_src);
-    e.bwd.run(stream_);
-    stream_.wait();
+  void relu_backward(int64_t count, const void* dst, const void* diff_dst,
+                     void* diff_src) override {
+    visit([&](auto t) {
+      using T = decltype(t);
+      relu_backward_loop(count, as<T>(dst), as<T>(diff_dst), as<T>(diff_src));
+    });
   }
 
-  void maxpool2x2_forward(const Dims& s, const float* src, float* dst, uint8_t* argmax) override {
+  void maxpool2x2_forward(const Dims& s, const void* src, void* dst, uint8_t* argmax) override {
     DP_CHECK(s.h % 2 == 0 && s.w % 2 == 0, "maxpool2x2: input ", s.h, "x", s.w, " is not even");
-    const int oh = s.h / 2, ow = s.w / 2, c = s.c;
-    const int64_t rows = int64_t{s.n} * oh;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t n = r / oh, y = r % oh;
-      for (int x = 0; x < ow; ++x) {
-        const float* p00 = src + ((n * s.h + 2 * y) * s.w + 2 * x) * c;
-        const float* p01 = p00 + c;
-        const float* p10 = p00 + int64_t{s.w} * c;
-        const float* p11 = p10 + c;
-        float* o = dst + ((n * oh + y) * ow + x) * c;
-        uint8_t* a = argmax + ((n * oh + y) * ow + x) * c;
-        for (int k = 0; k < c; ++k) {
-          // First maximum in scan order wins, as in PyTorch.
-          float best = p00[k];
-          uint8_t which = 0;
-          if (p01[k] > best) best = p01[k], which = 1;
-          if (p10[k] > best) best = p10[k], which = 2;
-          if (p11[k] > best) best = p11[k], which = 3;
-          o[k] = best;
-          a[k] = which;
-        }
-      }
-    }
+    visit([&](auto t) { maxpool_forward(s, as<decltype(t)>(src), as<decltype(t)>(dst), argmax); });
   }
 
-  void maxpool2x2_backward(const Dims& s, const uint8_t* argmax, const float* diff_dst,
-                           float* diff_src, bool accumulate) override {
-    const int oh = s.h / 2, ow = s.w / 2, c = s.c;
-    const int64_t rows = int64_t{s.n} * oh;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t n = r / oh, y = r % oh;
-      for (int x = 0; x < ow; ++x) {
-        float* q[4];
-        q[0] = diff_src + ((n * s.h + 2 * y) * s.w + 2 * x) * c;
-        q[1] = q[0] + c;
-        q[2] = q[0] + int64_t{s.w} * c;
-        q[3] = q[2] + c;
-        const int64_t o = ((n * oh + y) * ow + x) * c;
-        for (int k = 0; k < c; ++k) {
-          const uint8_t which = argmax[o + k];
-          const float g = diff_dst[o + k];
-          for (int j = 0; j < 4; ++j) {
-            const float v = j == which ? g : 0.0f;
-            q[j][k] = accumulate ? q[j][k] + v : v;
-          }
-        }
-      }
-    }
+  void maxpool2x2_backward(const Dims& s, const uint8_t* argmax, const void* diff_dst,
+                           void* diff_src, bool accumulate) override {
+    visit([&](auto t) {
+      maxpool_backward(s, argmax, as<decltype(t)>(diff_dst), as<decltype(t)>(diff_src), accumulate);
+    });
   }
 
-  // Bilinear x2 with align_corners=False has fixed weights: output 2k takes 1/4 of input k-1 and
-  // 3/4 of input k, output 2k+1 takes 3/4 of k and 1/4 of k+1, clamped at the borders. Plain
-  // loops over (row, column) with the channels innermost (oneDNN's generic resampling backward
-  // took 3x its forward time here).
-  void upsample2x_forward(const Dims& s, const float* src, float* dst) override {
-    const int oh = 2 * s.h, ow = 2 * s.w, c = s.c;
-    const int64_t rows = int64_t{s.n} * oh;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t n = r / oh;
-      const Tap y = upsample_tap(int(r % oh), s.h);
-      const float* row0 = src + (n * s.h + y.i0) * int64_t{s.w} * c;
-      const float* row1 = src + (n * s.h + y.i1) * int64_t{s.w} * c;
-      float* out = dst + r * ow * c;
-      for (int ox = 0; ox < ow; ++ox) {
-        const Tap x = upsample_tap(ox, s.w);
-        const float* a = row0 + int64_t{x.i0} * c;
-        const float* b = row0 + int64_t{x.i1} * c;
-        const float* d = row1 + int64_t{x.i0} * c;
-        const float* e = row1 + int64_t{x.i1} * c;
-        float* o = out + int64_t{ox} * c;
-#pragma omp simd
-        for (int k = 0; k < c; ++k)
-          o[k] = y.w0 * (x.w0 * a[k] + x.w1 * b[k]) + y.w1 * (x.w0 * d[k] + x.w1 * e[k]);
-      }
-    }
+  void upsample2x_forward(const Dims& s, const void* src, void* dst) override {
+    visit([&](auto t) { upsample_forward(s, as<decltype(t)>(src), as<decltype(t)>(dst)); });
   }
 
-  // The transpose, as a gather: input i collects from outputs 2i-1 .. 2i+2 (upsample_gather).
-  void upsample2x_backward(const Dims& s, const float* diff_dst, float* diff_src) override {
-    const int ow = 2 * s.w, c = s.c;
-    const int64_t rows = int64_t{s.n} * s.h;
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t n = r / s.h;
-      Gather gy[kGatherTaps];
-      const int ny = upsample_gather(int(r % s.h), s.h, gy);
-      for (int ix = 0; ix < s.w; ++ix) {
-        Gather gx[kGatherTaps];
-        const int nx = upsample_gather(ix, s.w, gx);
-        float* dx = diff_src + (r * s.w + ix) * c;
-        std::fill(dx, dx + c, 0.0f);
-        for (int j = 0; j < ny; ++j) {
-          const float* row = diff_dst + (n * 2 * s.h + gy[j].o) * int64_t{ow} * c;
-          for (int i = 0; i < nx; ++i) {
-            const float w = gy[j].w * gx[i].w;
-            const float* dy = row + int64_t{gx[i].o} * c;
-#pragma omp simd
-            for (int k = 0; k < c; ++k) dx[k] += w * dy[k];
-          }
-        }
-      }
-    }
+  void upsample2x_backward(const Dims& s, const void* diff_dst, void* diff_src) override {
+    visit([&](auto t) {
+      upsample_backward(s, as<decltype(t)>(diff_dst), as<decltype(t)>(diff_src));
+    });
   }
 
-  void batchnorm_stats(const Dims& d, const float* src, double* sums) override {
-    const int c = d.c;
-    const int64_t pixels = d.pixels();
-    std::fill(sums, sums + 2 * c, 0.0);
-    for (int64_t p = 0; p < pixels; ++p) {
-      const float* x = src + p * c;
-#pragma omp simd
-      for (int k = 0; k < c; ++k) {
-        sums[k] += x[k];
-        sums[c + k] += double(x[k]) * x[k];
-      }
-    }
+  void batchnorm_stats(const Dims& d, const void* src, double* sums) override {
+    visit([&](auto t) { batchnorm_stats_loop(d, as<decltype(t)>(src), sums); });
   }
 
   void batchnorm_prepare(int channels, bool training, const double* sums, double count, float eps,
@@ -274,53 +430,33 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void batchnorm_apply(const Dims& d, const float* src, const float* mean, const float* invstd,
-                       const float* gamma, const float* beta, bool relu, float* dst) override {
-    const int c = d.c;
-    const int64_t pixels = d.pixels();
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < pixels; ++p) {
-      const float* x = src + p * c;
-      float* y = dst + p * c;
-#pragma omp simd
-      for (int k = 0; k < c; ++k) {
-        const float v = gamma[k] * (x[k] - mean[k]) * invstd[k] + beta[k];
-        y[k] = relu ? std::fmax(v, 0.0f) : v;
-      }
-    }
+  void batchnorm_apply(const Dims& d, const void* src, const float* mean, const float* invstd,
+                       const float* gamma, const float* beta, bool relu, void* dst) override {
+    visit([&](auto t) {
+      using T = decltype(t);
+      batchnorm_apply_loop(d, as<T>(src), mean, invstd, gamma, beta, relu, as<T>(dst));
+    });
   }
 
-  void batchnorm_backward_stats(const Dims& d, const float* src, const float* dst, bool relu,
-                                float* diff_dst, const float* mean, const float* invstd,
+  void batchnorm_backward_stats(const Dims& d, const void* src, const void* dst, bool relu,
+                                void* diff_dst, const float* mean, const float* invstd,
                                 double* sums, float* diff_gamma, float* diff_beta) override {
-    const int c = d.c;
-    const int64_t pixels = d.pixels();
-    std::fill(sums, sums + 2 * c, 0.0);
-    for (int64_t p = 0; p < pixels; ++p) {
-      const float* x = src + p * c;
-      float* dy = diff_dst + p * c;
-      if (relu) {
-        const float* y = dst + p * c;
-        for (int k = 0; k < c; ++k) dy[k] = y[k] > 0.0f ? dy[k] : 0.0f;
-      }
-#pragma omp simd
-      for (int k = 0; k < c; ++k) {
-        sums[k] += dy[k];
-        sums[c + k] += double(dy[k]) * (x[k] - mean[k]) * invstd[k];
-      }
-    }
-    for (int k = 0; k < c; ++k) {
-      diff_gamma[k] = float(sums[c + k]);
+    visit([&](auto t) {
+      using T = decltype(t);
+      batchnorm_backward_stats_loop(d, as<T>(src), as<T>(dst), relu, as<T>(diff_dst), mean, invstd,
+                                    sums);
+    });
+    for (int k = 0; k < d.c; ++k) {
+      diff_gamma[k] = float(sums[d.c + k]);
       diff_beta[k] = float(sums[k]);
     }
   }
 
-  void batchnorm_backward_apply(const Dims& d, const float* src, const float* diff_dst,
+  void batchnorm_backward_apply(const Dims& d, const void* src, const void* diff_dst,
                                 const float* mean, const float* invstd, const float* gamma,
-                                const double* sums, double count, bool training, float* diff_src,
+                                const double* sums, double count, bool training, void* diff_src,
                                 bool accumulate) override {
     const int c = d.c;
-    const int64_t pixels = d.pixels();
     std::vector<float>& mean_dy = scratch_a_;
     std::vector<float>& mean_dy_xhat = scratch_b_;
     mean_dy.resize(size_t(c));
@@ -329,66 +465,73 @@ class CpuBackend final : public Backend {
       mean_dy[size_t(k)] = training ? float(sums[k] / count) : 0.0f;
       mean_dy_xhat[size_t(k)] = training ? float(sums[c + k] / count) : 0.0f;
     }
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < pixels; ++p) {
-      const float* x = src + p * c;
-      const float* dy = diff_dst + p * c;
-      float* dx = diff_src + p * c;
-#pragma omp simd
-      for (int k = 0; k < c; ++k) {
-        const float xhat = (x[k] - mean[k]) * invstd[k];
-        const float v =
-            gamma[k] * invstd[k] * (dy[k] - mean_dy[size_t(k)] - xhat * mean_dy_xhat[size_t(k)]);
-        dx[k] = accumulate ? dx[k] + v : v;
-      }
-    }
+    visit([&](auto t) {
+      using T = decltype(t);
+      batchnorm_backward_apply_loop(d, as<T>(src), as<T>(diff_dst), mean, invstd, gamma,
+                                    mean_dy.data(), mean_dy_xhat.data(), as<T>(diff_src),
+                                    accumulate);
+    });
   }
 
-  void add_forward(int64_t count, const float* a, const float* b, bool relu, float* dst) override {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < count; ++i) {
-      const float v = a[i] + b[i];
-      dst[i] = relu ? std::fmax(v, 0.0f) : v;
-    }
+  void add_forward(int64_t count, const void* a, const void* b, bool relu, void* dst) override {
+    visit([&](auto t) {
+      using T = decltype(t);
+      add_loop(count, as<T>(a), as<T>(b), relu, as<T>(dst));
+    });
   }
 
-  void dropout2d_forward(const Dims& d, float p, const uint64_t* seeds, const float* src,
-                         float* mask, float* dst) override {
+  void dropout2d_forward(const Dims& d, float p, const uint64_t* seeds, const void* src,
+                         float* mask, void* dst) override {
     const float keep_scale = 1.0f / (1.0f - p);
     for (int n = 0; n < d.n; ++n) {
       Rng rng(seeds[n]);
       for (int k = 0; k < d.c; ++k) mask[n * d.c + k] = rng.uniform() < p ? 0.0f : keep_scale;
     }
-    apply_channel_mask(d, mask, src, dst);
+    dropout2d_backward(d, mask, src, dst);
   }
 
-  void dropout2d_backward(const Dims& d, const float* mask, const float* diff_dst,
-                          float* diff_src) override {
-    apply_channel_mask(d, mask, diff_dst, diff_src);
+  // The same channel scaling as the forward.
+  void dropout2d_backward(const Dims& d, const float* mask, const void* diff_dst,
+                          void* diff_src) override {
+    visit([&](auto t) {
+      channel_mask_loop(d, mask, as<decltype(t)>(diff_dst), as<decltype(t)>(diff_src));
+    });
   }
 
-  void concat_forward(const Dims& a, const float* pa, const Dims& b, const float* pb,
-                      float* dst) override {
+  void concat_forward(const Dims& a, const void* pa, const Dims& b, const void* pb,
+                      void* dst) override {
     check_concat(a, b);
-    const int64_t pixels = a.pixels();
-    const int c = a.c + b.c;
+    const size_t e = elem_bytes(), ra = e * size_t(a.c), rb = e * size_t(b.c);
+    const auto* x = static_cast<const char*>(pa);
+    const auto* y = static_cast<const char*>(pb);
+    auto* out = static_cast<char*>(dst);
 #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < pixels; ++p) {
-      std::memcpy(dst + p * c, pa + p * a.c, sizeof(float) * a.c);
-      std::memcpy(dst + p * c + a.c, pb + p * b.c, sizeof(float) * b.c);
+    for (int64_t p = 0; p < a.pixels(); ++p) {
+      std::memcpy(out + size_t(p) * (ra + rb), x + size_t(p) * ra, ra);
+      std::memcpy(out + size_t(p) * (ra + rb) + ra, y + size_t(p) * rb, rb);
     }
   }
 
-  void concat_backward(const Dims& a, const Dims& b, const float* diff_dst, float* diff_a,
-                       float* diff_b) override {
+  void concat_backward(const Dims& a, const Dims& b, const void* diff_dst, void* diff_a,
+                       void* diff_b) override {
     check_concat(a, b);
-    const int64_t pixels = a.pixels();
-    const int c = a.c + b.c;
+    const size_t e = elem_bytes(), ra = e * size_t(a.c), rb = e * size_t(b.c);
+    const auto* in = static_cast<const char*>(diff_dst);
+    auto* x = static_cast<char*>(diff_a);
+    auto* y = static_cast<char*>(diff_b);
 #pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < pixels; ++p) {
-      std::memcpy(diff_a + p * a.c, diff_dst + p * c, sizeof(float) * a.c);
-      std::memcpy(diff_b + p * b.c, diff_dst + p * c + a.c, sizeof(float) * b.c);
+    for (int64_t p = 0; p < a.pixels(); ++p) {
+      std::memcpy(x + size_t(p) * ra, in + size_t(p) * (ra + rb), ra);
+      std::memcpy(y + size_t(p) * rb, in + size_t(p) * (ra + rb) + ra, rb);
     }
+  }
+
+  void accumulate_activations(int64_t count, const void* src, void* dst) override {
+    visit([&](auto t) { accumulate_loop(count, as<decltype(t)>(src), as<decltype(t)>(dst)); });
+  }
+
+  void copy_activations(int64_t count, const void* src, void* dst) override {
+    std::memcpy(dst, src, elem_bytes() * static_cast<size_t>(count));
   }
 
   double bce_with_logits(int64_t count, const float* x, const float* y, float pos_weight,
@@ -427,10 +570,6 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < count; ++i) dst[i] += src[i];
   }
 
-  void copy(int64_t count, const float* src, float* dst) override {
-    std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(count));
-  }
-
   void sgd_update(int64_t count, float* p, const float* grad, float* m, float lr, float momentum,
                   float weight_decay, bool nesterov) override {
 #pragma omp parallel for simd schedule(static)
@@ -466,14 +605,16 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  static void apply_channel_mask(const Dims& d, const float* mask, const float* src, float* dst) {
-    const int64_t hw = int64_t{d.h} * d.w;
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < d.pixels(); ++p) {
-      const float* m = mask + (p / hw) * d.c;
-#pragma omp simd
-      for (int k = 0; k < d.c; ++k) dst[p * d.c + k] = src[p * d.c + k] * m[k];
-    }
+  // Calls f(T{}) with T the activation storage type.
+  template <typename F>
+  void visit(const F& f) const {
+    if (bf16_)
+      f(bf16{});
+    else
+      f(0.0f);
+  }
+  size_t elem_bytes() const {
+    return dtype_bytes(activation_type());
   }
 
   static void check_concat(const Dims& a, const Dims& b) {
@@ -511,42 +652,15 @@ class CpuBackend final : public Backend {
     return {weight_scratch_.data(), copies_scratch_.data()};
   }
 
-  EltwiseEntry& relu(int64_t count) {
-    auto& slot = relu_cache_[count];
-    if (!slot) slot = checked("ReLU", [&] { return make_relu(count); });
-    return *slot;
-  }
-
-  std::unique_ptr<EltwiseEntry> make_relu(int64_t count) {
-    auto e = std::make_unique<EltwiseEntry>();
-    const memory::desc md({count}, dt::f32, tag::x);
-    dnnl::eltwise_forward::primitive_desc fwd_pd(
-        dnnl::eltwise_forward::desc(prop_kind::forward_training,
-                                    algorithm::eltwise_relu_use_dst_for_bwd, md, 0.0f),
-        eng_);
-    dnnl::eltwise_backward::primitive_desc bwd_pd(
-        dnnl::eltwise_backward::desc(algorithm::eltwise_relu_use_dst_for_bwd, md, md, 0.0f), eng_,
-        fwd_pd);
-    for (Bound* b : {&e->src, &e->dst, &e->diff_dst, &e->diff_src}) b->init(md, eng_);
-    e->fwd = Exec(dnnl::eltwise_forward(fwd_pd));
-    e->fwd.arg(DNNL_ARG_SRC, e->src.mem).arg(DNNL_ARG_DST, e->dst.mem);
-    e->bwd = Exec(dnnl::eltwise_backward(bwd_pd));
-    e->bwd.arg(DNNL_ARG_DST, e->dst.mem)
-        .arg(DNNL_ARG_DIFF_DST, e->diff_dst.mem)
-        .arg(DNNL_ARG_DIFF_SRC, e->diff_src.mem);
-    return e;
-  }
-
   dnnl::engine eng_;
   dnnl::stream stream_;
-  bool bf16_ = false;  // convolutions on bf16 copies of inputs, gradients and weights
+  bool bf16_ = false;  // bf16 activations (and convolutions on bf16 weight copies)
   CpuConvAlgo conv_algo_ = CpuConvAlgo::kDirect;
-  Buffer copies_scratch_;  // activation copies in bf16 or a blocked layout, one layer's at a time
+  Buffer copies_scratch_;  // blocked activation copies (Winograd), one layer's at a time
   Buffer weight_scratch_;  // weights (or their gradient) in oneDNN's layout, one layer's at a time
   std::vector<float> scratch_a_, scratch_b_;  // per-channel values, sized on first use
   std::map<decltype(conv_key(ConvDesc{})), std::unique_ptr<cpu::ConvPrims>> conv_cache_;
   std::map<decltype(deconv_key(DeconvDesc{})), std::unique_ptr<cpu::ConvPrims>> deconv_cache_;
-  std::map<int64_t, std::unique_ptr<EltwiseEntry>> relu_cache_;
 };
 
 }  // namespace

@@ -97,8 +97,8 @@ struct WeightsIn {
 
 // Scratch memory from the caller, shared by every layer (a layer needs it only while its
 // primitives run): `weights` (weight_scratch_bytes(): reordered weights, or the weight gradient
-// in oneDNN's layout before its reorder back) and `copies` (copies_bytes(): the activation copies
-// that bf16 or Winograd passes read and write).
+// in oneDNN's layout before its reorder back) and `copies` (copies_bytes(): the blocked activation
+// copies that Winograd passes read and write).
 struct Scratch {
   void* weights = nullptr;
   void* copies = nullptr;
@@ -124,25 +124,22 @@ enum class PassAlgo : uint8_t { kDirect, kWinograd, kTimeOnFirstUse };
 
 // Forward, backward-data and backward-weights of a convolution or transposed convolution with
 // optional bias and fused ReLU, all bound to their arguments once.
-// With bf16 compute the primitives read bf16 copies of the input and of the output gradient
-// (converted into the copies scratch) and bf16 weights (converted with the weight reorder); they
-// accumulate in fp32 and write fp32 outputs and gradients.
+// With bf16 activations the primitives read and write them directly, read bf16 weights
+// (converted by the weight reorder), accumulate in fp32 and write fp32 weight and bias gradients.
 struct ConvPrims {
-  Exec fwd, bwd_data, bwd_weights, relu_bwd, diff_w_to_user, src_to_lowp, diff_dst_to_lowp;
+  Exec fwd, bwd_data, bwd_weights, relu_bwd, diff_w_to_user;
   Bound src, dst, bias, diff_dst, diff_src, diff_bias, diff_w_user, diff_w_internal;
-  Bound src_lowp, diff_dst_lowp;  // bf16 compute only
   WeightsIn w_fwd, w_bwd;
-  bool diff_w_reorder = false, relu = false, has_bias = false, lowp = false;
-  size_t src_lowp_bytes = 0, dst_lowp_bytes = 0;
+  bool diff_w_reorder = false, relu = false, has_bias = false;
   std::unique_ptr<WinoPrims> wino;  // null where no pass may run Winograd
   PassAlgo algo[3] = {PassAlgo::kDirect, PassAlgo::kDirect, PassAlgo::kDirect};  // WinoPrims::Pass
 
   size_t copies_bytes() const;
   size_t weight_scratch_bytes() const;
-  void forward(dnnl::stream& s, const float* x, const float* w, const float* b, float* y,
+  void forward(dnnl::stream& s, const void* x, const float* w, const float* b, void* y,
                const Scratch& scratch);
-  void backward(dnnl::stream& s, const float* x, const float* w, const float* y, float* dy,
-                float* dx, float* dw, float* db, const Scratch& scratch);
+  void backward(dnnl::stream& s, const void* x, const float* w, const void* y, void* dy, void* dx,
+                float* dw, float* db, const Scratch& scratch);
 
  private:
   // One pass each, on tensors already bound; `winograd` picks the variant. Each waits for its work.

@@ -178,33 +178,43 @@ class CudaBackendImpl final : public CudaBackend {
   bool runs_in_bf16(const ConvDesc& d) override { return conv_.runs_in_bf16(d); }
   bool runs_in_bf16(const DeconvDesc& d) override { return conv_.runs_in_bf16(d); }
 
-  void conv_forward(const ConvDesc& d, const float* src, const float* weight, const float* bias,
-                    float* dst) override {
-    conv_.conv_forward(d, src, weight, bias, dst);
+  // Activations are fp32 on this backend (bf16 runs only the convolutions in bf16).
+  void to_activation(int64_t count, const float* src, void* dst) override {
+    copy_activations(count, src, dst);
   }
-  void conv_backward(const ConvDesc& d, const float* src, const float* weight, const float* dst,
-                     float* diff_dst, float* diff_src, float* diff_weight,
-                     float* diff_bias) override {
-    conv_.conv_backward(d, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias);
-  }
-  void deconv_forward(const DeconvDesc& d, const float* src, const float* weight, const float* bias,
-                      float* dst) override {
-    conv_.deconv_forward(d, src, weight, bias, dst);
-  }
-  void deconv_backward(const DeconvDesc& d, const float* src, const float* weight, const float* dst,
-                       float* diff_dst, float* diff_src, float* diff_weight,
-                       float* diff_bias) override {
-    conv_.deconv_backward(d, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias);
+  void from_activation(int64_t count, const void* src, float* dst) override {
+    copy_activations(count, src, dst);
   }
 
-  void batchnorm_stats(const Dims& d, const float* src, double* sums) override {
+  void conv_forward(const ConvDesc& d, const void* src, const float* weight, const float* bias,
+                    void* dst) override {
+    conv_.conv_forward(d, f(src), weight, bias, f(dst));
+  }
+  void conv_backward(const ConvDesc& d, const void* src, const float* weight, const void* dst,
+                     void* diff_dst, void* diff_src, float* diff_weight,
+                     float* diff_bias) override {
+    conv_.conv_backward(d, f(src), weight, f(dst), f(diff_dst), f(diff_src), diff_weight,
+                        diff_bias);
+  }
+  void deconv_forward(const DeconvDesc& d, const void* src, const float* weight, const float* bias,
+                      void* dst) override {
+    conv_.deconv_forward(d, f(src), weight, bias, f(dst));
+  }
+  void deconv_backward(const DeconvDesc& d, const void* src, const float* weight, const void* dst,
+                       void* diff_dst, void* diff_src, float* diff_weight,
+                       float* diff_bias) override {
+    conv_.deconv_backward(d, f(src), weight, f(dst), f(diff_dst), f(diff_src), diff_weight,
+                          diff_bias);
+  }
+
+  void batchnorm_stats(const Dims& d, const void* src, double* sums) override {
     const size_t bytes = sizeof(double) * 2 * size_t(d.c);
     if (d.pixels() == 0) {
       std::fill(sums, sums + 2 * d.c, 0.0);
       return;
     }
     void* dev = staging_.scratch(bytes);
-    kernels::batchnorm_stats(s(), d, src, static_cast<double*>(dev));
+    kernels::batchnorm_stats(s(), d, f(src), static_cast<double*>(dev));
     staging_.fetch(dev, sums, bytes);
   }
 
@@ -218,13 +228,13 @@ class CudaBackendImpl final : public CudaBackend {
                                momentum, running_mean, running_var, mean, invstd);
   }
 
-  void batchnorm_apply(const Dims& d, const float* src, const float* mean, const float* invstd,
-                       const float* gamma, const float* beta, bool relu, float* dst) override {
-    kernels::batchnorm_apply(s(), d, src, mean, invstd, gamma, beta, relu, dst);
+  void batchnorm_apply(const Dims& d, const void* src, const float* mean, const float* invstd,
+                       const float* gamma, const float* beta, bool relu, void* dst) override {
+    kernels::batchnorm_apply(s(), d, f(src), mean, invstd, gamma, beta, relu, f(dst));
   }
 
-  void batchnorm_backward_stats(const Dims& d, const float* src, const float* dst, bool relu,
-                                float* diff_dst, const float* mean, const float* invstd,
+  void batchnorm_backward_stats(const Dims& d, const void* src, const void* dst, bool relu,
+                                void* diff_dst, const float* mean, const float* invstd,
                                 double* sums, float* diff_gamma, float* diff_beta) override {
     const size_t bytes = sizeof(double) * 2 * size_t(d.c);
     if (d.pixels() == 0) {
@@ -234,77 +244,87 @@ class CudaBackendImpl final : public CudaBackend {
       return;
     }
     void* dev = staging_.scratch(bytes);
-    kernels::batchnorm_backward_stats(s(), d, src, dst, relu, diff_dst, mean, invstd,
+    kernels::batchnorm_backward_stats(s(), d, f(src), f(dst), relu, f(diff_dst), mean, invstd,
                                       static_cast<double*>(dev), diff_gamma, diff_beta);
     staging_.fetch(dev, sums, bytes);
   }
 
-  void batchnorm_backward_apply(const Dims& d, const float* src, const float* diff_dst,
+  void batchnorm_backward_apply(const Dims& d, const void* src, const void* diff_dst,
                                 const float* mean, const float* invstd, const float* gamma,
-                                const double* sums, double count, bool training, float* diff_src,
+                                const double* sums, double count, bool training, void* diff_src,
                                 bool accumulate) override {
     const size_t bytes = sizeof(double) * 2 * size_t(d.c);
     void* dev = training ? staging_.upload(sums, bytes) : staging_.scratch(bytes);
-    kernels::batchnorm_backward_apply(s(), d, src, diff_dst, mean, invstd, gamma,
-                                      static_cast<const double*>(dev), count, training, diff_src,
+    kernels::batchnorm_backward_apply(s(), d, f(src), f(diff_dst), mean, invstd, gamma,
+                                      static_cast<const double*>(dev), count, training, f(diff_src),
                                       accumulate);
   }
 
-  void add_forward(int64_t count, const float* a, const float* b, bool relu, float* dst) override {
-    kernels::add_forward(s(), count, a, b, relu, dst);
+  void add_forward(int64_t count, const void* a, const void* b, bool relu, void* dst) override {
+    kernels::add_forward(s(), count, f(a), f(b), relu, f(dst));
   }
 
-  void dropout2d_forward(const Dims& d, float p, const uint64_t* seeds, const float* src,
-                         float* mask, float* dst) override {
+  void dropout2d_forward(const Dims& d, float p, const uint64_t* seeds, const void* src,
+                         float* mask, void* dst) override {
     if (d.n == 0) return;
     const void* dev = staging_.upload(seeds, sizeof(uint64_t) * size_t(d.n));
-    kernels::dropout2d_forward(s(), d, p, static_cast<const uint64_t*>(dev), src, mask, dst);
+    kernels::dropout2d_forward(s(), d, p, static_cast<const uint64_t*>(dev), f(src), mask, f(dst));
   }
 
-  void dropout2d_backward(const Dims& d, const float* mask, const float* diff_dst,
-                          float* diff_src) override {
-    kernels::dropout2d_backward(s(), d, mask, diff_dst, diff_src);
+  void dropout2d_backward(const Dims& d, const float* mask, const void* diff_dst,
+                          void* diff_src) override {
+    kernels::dropout2d_backward(s(), d, mask, f(diff_dst), f(diff_src));
   }
 
-  void relu_forward(int64_t count, const float* src, float* dst) override {
-    kernels::relu_forward(s(), count, src, dst);
+  void relu_forward(int64_t count, const void* src, void* dst) override {
+    kernels::relu_forward(s(), count, f(src), f(dst));
   }
 
-  void relu_backward(int64_t count, const float* dst, const float* diff_dst,
-                     float* diff_src) override {
-    kernels::relu_backward(s(), count, dst, diff_dst, diff_src);
+  void relu_backward(int64_t count, const void* dst, const void* diff_dst,
+                     void* diff_src) override {
+    kernels::relu_backward(s(), count, f(dst), f(diff_dst), f(diff_src));
   }
 
-  void maxpool2x2_forward(const Dims& src_dims, const float* src, float* dst,
+  void maxpool2x2_forward(const Dims& src_dims, const void* src, void* dst,
                           uint8_t* argmax) override {
     DP_CHECK(src_dims.h % 2 == 0 && src_dims.w % 2 == 0, "maxpool2x2: input ", src_dims.h, "x",
              src_dims.w, " is not even");
-    kernels::maxpool2x2_forward(s(), src_dims, src, dst, argmax);
+    kernels::maxpool2x2_forward(s(), src_dims, f(src), f(dst), argmax);
   }
 
-  void maxpool2x2_backward(const Dims& src_dims, const uint8_t* argmax, const float* diff_dst,
-                           float* diff_src, bool accumulate) override {
-    kernels::maxpool2x2_backward(s(), src_dims, argmax, diff_dst, diff_src, accumulate);
+  void maxpool2x2_backward(const Dims& src_dims, const uint8_t* argmax, const void* diff_dst,
+                           void* diff_src, bool accumulate) override {
+    kernels::maxpool2x2_backward(s(), src_dims, argmax, f(diff_dst), f(diff_src), accumulate);
   }
 
-  void upsample2x_forward(const Dims& src_dims, const float* src, float* dst) override {
-    kernels::upsample2x_forward(s(), src_dims, src, dst);
+  void upsample2x_forward(const Dims& src_dims, const void* src, void* dst) override {
+    kernels::upsample2x_forward(s(), src_dims, f(src), f(dst));
   }
 
-  void upsample2x_backward(const Dims& src_dims, const float* diff_dst, float* diff_src) override {
-    kernels::upsample2x_backward(s(), src_dims, diff_dst, diff_src);
+  void upsample2x_backward(const Dims& src_dims, const void* diff_dst, void* diff_src) override {
+    kernels::upsample2x_backward(s(), src_dims, f(diff_dst), f(diff_src));
   }
 
-  void concat_forward(const Dims& a_dims, const float* a, const Dims& b_dims, const float* b,
-                      float* dst) override {
+  void concat_forward(const Dims& a_dims, const void* a, const Dims& b_dims, const void* b,
+                      void* dst) override {
     check_concat(a_dims, b_dims);
-    kernels::concat_forward(s(), a_dims, a, b_dims, b, dst);
+    kernels::concat_forward(s(), a_dims, f(a), b_dims, f(b), f(dst));
   }
 
-  void concat_backward(const Dims& a_dims, const Dims& b_dims, const float* diff_dst, float* diff_a,
-                       float* diff_b) override {
+  void concat_backward(const Dims& a_dims, const Dims& b_dims, const void* diff_dst, void* diff_a,
+                       void* diff_b) override {
     check_concat(a_dims, b_dims);
-    kernels::concat_backward(s(), a_dims, b_dims, diff_dst, diff_a, diff_b);
+    kernels::concat_backward(s(), a_dims, b_dims, f(diff_dst), f(diff_a), f(diff_b));
+  }
+
+  void accumulate_activations(int64_t count, const void* src, void* dst) override {
+    kernels::accumulate(s(), count, f(src), f(dst));
+  }
+
+  void copy_activations(int64_t count, const void* src, void* dst) override {
+    if (count == 0 || src == dst) return;
+    DP_CUDA_CHECK(
+        cudaMemcpyAsync(dst, src, sizeof(float) * size_t(count), cudaMemcpyDeviceToDevice, s()));
   }
 
   double bce_with_logits(int64_t count, const float* logits, const float* target, float pos_weight,
@@ -332,12 +352,6 @@ class CudaBackendImpl final : public CudaBackend {
 
   void accumulate(int64_t count, const float* src, float* dst) override {
     kernels::accumulate(s(), count, src, dst);
-  }
-
-  void copy(int64_t count, const float* src, float* dst) override {
-    if (count == 0 || src == dst) return;
-    DP_CUDA_CHECK(
-        cudaMemcpyAsync(dst, src, sizeof(float) * size_t(count), cudaMemcpyDeviceToDevice, s()));
   }
 
   void sgd_update(int64_t count, float* param, const float* grad, float* momentum_buf, float lr,
@@ -368,6 +382,8 @@ class CudaBackendImpl final : public CudaBackend {
 
  private:
   cudaStream_t s() const { return stream_.get(); }
+  static const float* f(const void* p) { return static_cast<const float*>(p); }
+  static float* f(void* p) { return static_cast<float*>(p); }
 
   static void check_concat(const Dims& a, const Dims& b) {
     DP_CHECK(a.n == b.n && a.h == b.h && a.w == b.w, "concat: shapes differ: [", a.n, ",", a.h, ",",

@@ -177,18 +177,24 @@ void Model::setup(int max_batch, int height, int width) {
   height_ = height;
   width_ = width;
   DeviceMemory* const mem = backend_.device_memory();
+  act_ = backend_.activation_type();
   int64_t largest = 0;
   int max_channels = 0;
   for (size_t i = 0; i < nodes_.size(); ++i) {
     Node& x = nodes_[i];
-    const int64_t bytes = dims(static_cast<int>(i), max_batch).numel() * int64_t{sizeof(float)};
+    const int64_t bytes = dims(static_cast<int>(i), max_batch).numel() * int64_t(dtype_bytes(act_));
     largest = std::max(largest, bytes);
     max_channels = std::max(max_channels, x.c);
-    if (static_cast<int>(i) != input_) x.value = Buffer(static_cast<size_t>(bytes), mem);
+    // An fp32 input is read in place; any other activation type needs its converted copy.
+    if (static_cast<int>(i) != input_ || act_ != DType::kFloat32)
+      x.value = Buffer(static_cast<size_t>(bytes), mem);
     x.grad = Buffer(static_cast<size_t>(bytes), mem);
-    x.v = x.value.f32();
-    x.g = x.grad.f32();
+    x.v = x.value.data();
+    x.g = x.grad.data();
   }
+  logits_ = Buffer();
+  if (act_ != DType::kFloat32)
+    logits_ = Buffer(static_cast<size_t>(dims(output_, max_batch).numel()) * sizeof(float), mem);
   nodes_[static_cast<size_t>(input_)].grad = Buffer();  // the input needs no gradient
   nodes_[static_cast<size_t>(input_)].g = nullptr;
   for (Op& op : ops_) {
@@ -222,6 +228,7 @@ void Model::set_dropout_seeds(const uint64_t* seeds, int n) {
 
 int64_t Model::activation_bytes() const {
   int64_t total = static_cast<int64_t>(scratch_.bytes() + param_scratch_.bytes());
+  total += static_cast<int64_t>(logits_.bytes());
   for (const Node& x : nodes_) total += static_cast<int64_t>(x.value.bytes() + x.grad.bytes());
   for (const Op& op : ops_) total += static_cast<int64_t>(op.saved.bytes());
   return total;
@@ -251,7 +258,11 @@ const float* Model::forward(const float* input, int n) {
   DP_CHECK(n > 0 && n <= max_batch_, "batch of ", n, " images, but the model was set up for ",
            max_batch_);
   batch_ = n;
-  nodes_[static_cast<size_t>(input_)].v = const_cast<float*>(input);
+  Node& in = nodes_[static_cast<size_t>(input_)];
+  if (act_ == DType::kFloat32)
+    in.v = const_cast<float*>(input);  // fp32 activations: read in place
+  else
+    backend_.to_activation(dims(input_, n).numel(), input, in.v);
   for (Op& op : ops_) {
     const Node& a = nodes_[static_cast<size_t>(op.in0)];
     Node& out = nodes_[static_cast<size_t>(op.out)];
@@ -277,7 +288,7 @@ const float* Model::forward(const float* input, int n) {
           backend_.dropout2d_forward(dims(op.in0, n), op.p, op_seeds_.data(), a.v, op.saved.f32(),
                                      out.v);
         } else {
-          backend_.copy(dims(op.in0, n).numel(), a.v, out.v);
+          backend_.copy_activations(dims(op.in0, n).numel(), a.v, out.v);
         }
         break;
       case OpKind::kMaxPool:
@@ -292,7 +303,10 @@ const float* Model::forward(const float* input, int n) {
         break;
     }
   }
-  return nodes_[static_cast<size_t>(output_)].v;
+  void* const out = nodes_[static_cast<size_t>(output_)].v;
+  if (act_ == DType::kFloat32) return static_cast<const float*>(out);
+  backend_.from_activation(dims(output_, n).numel(), out, logits_.f32());
+  return logits_.f32();
 }
 
 const float* Model::forward_host(const float* host_input, int n) {
@@ -312,7 +326,7 @@ void Model::backward(const float* diff_logits, GradListener* listener, GradMode 
   const int n = batch_;
   for (Node& x : nodes_) x.grad_ready = false;
   Node& out_node = nodes_[static_cast<size_t>(output_)];
-  backend_.copy(dims(output_, n).numel(), diff_logits, out_node.g);
+  backend_.to_activation(dims(output_, n).numel(), diff_logits, out_node.g);
   out_node.grad_ready = true;
 
   // Writes an input gradient that an op can only overwrite: straight into the node when it holds
@@ -323,8 +337,8 @@ void Model::backward(const float* diff_logits, GradListener* listener, GradMode 
       op_writes(x.g);
       x.grad_ready = true;
     } else {
-      op_writes(scratch_.f32());
-      backend_.accumulate(dims(id, n).numel(), scratch_.f32(), x.g);
+      op_writes(scratch_.data());
+      backend_.accumulate_activations(dims(id, n).numel(), scratch_.data(), x.g);
     }
   };
   // Where an op writes its parameter gradients: the arena, or (accumulating) scratch space that
@@ -360,7 +374,7 @@ void Model::backward(const float* diff_logits, GradListener* listener, GradMode 
         if (op.in0 == input_) {
           backend_.conv_backward(d, a.v, w, out.v, out.g, nullptr, weight_grad(op), bias_grad(op));
         } else {
-          write_grad(op.in0, [&](float* dst) {
+          write_grad(op.in0, [&](void* dst) {
             backend_.conv_backward(d, a.v, w, out.v, out.g, dst, weight_grad(op), bias_grad(op));
           });
         }
@@ -370,7 +384,7 @@ void Model::backward(const float* diff_logits, GradListener* listener, GradMode 
       case OpKind::kDeconv: {
         const DeconvDesc d = deconv_desc(op, n);
         const float* w = params_.view(op.weight).value;
-        write_grad(op.in0, [&](float* dst) {
+        write_grad(op.in0, [&](void* dst) {
           backend_.deconv_backward(d, a.v, w, out.v, out.g, dst, weight_grad(op), bias_grad(op));
         });
         finish_params(op);
@@ -384,15 +398,15 @@ void Model::backward(const float* diff_logits, GradListener* listener, GradMode 
         const int64_t count = dims(op.out, n).numel();
         if (op.relu) backend_.relu_backward(count, out.v, out.g, out.g);
         for (int id : {op.in0, op.in1})
-          write_grad(id, [&](float* dst) { backend_.copy(count, out.g, dst); });
+          write_grad(id, [&](void* dst) { backend_.copy_activations(count, out.g, dst); });
         break;
       }
       case OpKind::kDropout:
-        write_grad(op.in0, [&](float* dst) {
+        write_grad(op.in0, [&](void* dst) {
           if (training_ && op.p > 0)
             backend_.dropout2d_backward(dims(op.in0, n), op.saved.f32(), out.g, dst);
           else
-            backend_.copy(dims(op.in0, n).numel(), out.g, dst);
+            backend_.copy_activations(dims(op.in0, n).numel(), out.g, dst);
         });
         break;
       case OpKind::kMaxPool: {
@@ -404,18 +418,18 @@ void Model::backward(const float* diff_logits, GradListener* listener, GradMode 
       }
       case OpKind::kUpsample:
         write_grad(op.in0,
-                   [&](float* dst) { backend_.upsample2x_backward(dims(op.in0, n), out.g, dst); });
+                   [&](void* dst) { backend_.upsample2x_backward(dims(op.in0, n), out.g, dst); });
         break;
       case OpKind::kConcat: {
         const Dims da = dims(op.in0, n), db = dims(op.in1, n);
         Node& na = nodes_[static_cast<size_t>(op.in0)];
         Node& nb = nodes_[static_cast<size_t>(op.in1)];
         // Each part goes to its node, or to its own half of the scratch buffer.
-        float* ga = na.grad_ready ? scratch_.f32() : na.g;
-        float* gb = nb.grad_ready ? scratch_.f32() + da.numel() : nb.g;
+        void* ga = na.grad_ready ? scratch_.data() : na.g;
+        void* gb = nb.grad_ready ? at(scratch_.data(), da.numel()) : nb.g;
         backend_.concat_backward(da, db, out.g, ga, gb);
-        if (na.grad_ready) backend_.accumulate(da.numel(), ga, na.g);
-        if (nb.grad_ready) backend_.accumulate(db.numel(), gb, nb.g);
+        if (na.grad_ready) backend_.accumulate_activations(da.numel(), ga, na.g);
+        if (nb.grad_ready) backend_.accumulate_activations(db.numel(), gb, nb.g);
         na.grad_ready = nb.grad_ready = true;
         break;
       }

@@ -810,7 +810,7 @@ TEST_F(CudaVsCpu, SumSquaresScaleCopyAccumulate) {
   expect_close("scale", scale(*cpu_), scale(*gpu_), kElemTol);
   auto copy = [&](Backend& be) {
     Buffer src = to_backend(be, x), dst = filled(be, n, kGarbage);
-    be.copy(int64_t(n), src.f32(), dst.f32());
+    be.copy_activations(int64_t(n), src.f32(), dst.f32());
     return to_host(dst);
   };
   const Vec copied = copy(*gpu_);

@@ -47,25 +47,31 @@ class SimulatedDeviceBackend : public Backend {
   SimulatedDeviceBackend() : inner_(make_cpu_backend()) {}
   std::string name() const override { return "simulated device"; }
   DeviceMemory* device_memory() override { return &memory; }
-  void conv_forward(const ConvDesc& d, const float* src, const float* weight, const float* bias,
-                    float* dst) override {
+  void to_activation(int64_t count, const float* src, void* dst) override {
+    inner_->to_activation(count, src, dst);
+  }
+  void from_activation(int64_t count, const void* src, float* dst) override {
+    inner_->from_activation(count, src, dst);
+  }
+  void conv_forward(const ConvDesc& d, const void* src, const float* weight, const float* bias,
+                    void* dst) override {
     inner_->conv_forward(d, src, weight, bias, dst);
   }
-  void conv_backward(const ConvDesc& d, const float* src, const float* weight, const float* dst,
-                     float* diff_dst, float* diff_src, float* diff_weight,
+  void conv_backward(const ConvDesc& d, const void* src, const float* weight, const void* dst,
+                     void* diff_dst, void* diff_src, float* diff_weight,
                      float* diff_bias) override {
     inner_->conv_backward(d, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias);
   }
-  void deconv_forward(const DeconvDesc& d, const float* src, const float* weight, const float* bias,
-                      float* dst) override {
+  void deconv_forward(const DeconvDesc& d, const void* src, const float* weight, const float* bias,
+                      void* dst) override {
     inner_->deconv_forward(d, src, weight, bias, dst);
   }
-  void deconv_backward(const DeconvDesc& d, const float* src, const float* weight, const float* dst,
-                       float* diff_dst, float* diff_src, float* diff_weight,
+  void deconv_backward(const DeconvDesc& d, const void* src, const float* weight, const void* dst,
+                       void* diff_dst, void* diff_src, float* diff_weight,
                        float* diff_bias) override {
     inner_->deconv_backward(d, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias);
   }
-  void batchnorm_stats(const Dims& d, const float* src, double* sums) override {
+  void batchnorm_stats(const Dims& d, const void* src, double* sums) override {
     inner_->batchnorm_stats(d, src, sums);
   }
   void batchnorm_prepare(int channels, bool training, const double* sums, double count, float eps,
@@ -74,62 +80,68 @@ class SimulatedDeviceBackend : public Backend {
     inner_->batchnorm_prepare(channels, training, sums, count, eps, momentum, running_mean,
                               running_var, mean, invstd);
   }
-  void batchnorm_apply(const Dims& d, const float* src, const float* mean, const float* invstd,
-                       const float* gamma, const float* beta, bool relu, float* dst) override {
+  void batchnorm_apply(const Dims& d, const void* src, const float* mean, const float* invstd,
+                       const float* gamma, const float* beta, bool relu, void* dst) override {
     inner_->batchnorm_apply(d, src, mean, invstd, gamma, beta, relu, dst);
   }
-  void batchnorm_backward_stats(const Dims& d, const float* src, const float* dst, bool relu,
-                                float* diff_dst, const float* mean, const float* invstd,
+  void batchnorm_backward_stats(const Dims& d, const void* src, const void* dst, bool relu,
+                                void* diff_dst, const float* mean, const float* invstd,
                                 double* sums, float* diff_gamma, float* diff_beta) override {
     inner_->batchnorm_backward_stats(d, src, dst, relu, diff_dst, mean, invstd, sums, diff_gamma,
                                      diff_beta);
   }
-  void batchnorm_backward_apply(const Dims& d, const float* src, const float* diff_dst,
+  void batchnorm_backward_apply(const Dims& d, const void* src, const void* diff_dst,
                                 const float* mean, const float* invstd, const float* gamma,
-                                const double* sums, double count, bool training, float* diff_src,
+                                const double* sums, double count, bool training, void* diff_src,
                                 bool accumulate) override {
     inner_->batchnorm_backward_apply(d, src, diff_dst, mean, invstd, gamma, sums, count, training,
                                      diff_src, accumulate);
   }
-  void add_forward(int64_t count, const float* a, const float* b, bool relu, float* dst) override {
+  void add_forward(int64_t count, const void* a, const void* b, bool relu, void* dst) override {
     inner_->add_forward(count, a, b, relu, dst);
   }
-  void dropout2d_forward(const Dims& d, float p, const uint64_t* seeds, const float* src,
-                         float* mask, float* dst) override {
+  void dropout2d_forward(const Dims& d, float p, const uint64_t* seeds, const void* src,
+                         float* mask, void* dst) override {
     inner_->dropout2d_forward(d, p, seeds, src, mask, dst);
   }
-  void dropout2d_backward(const Dims& d, const float* mask, const float* diff_dst,
-                          float* diff_src) override {
+  void dropout2d_backward(const Dims& d, const float* mask, const void* diff_dst,
+                          void* diff_src) override {
     inner_->dropout2d_backward(d, mask, diff_dst, diff_src);
   }
-  void relu_forward(int64_t count, const float* src, float* dst) override {
+  void relu_forward(int64_t count, const void* src, void* dst) override {
     inner_->relu_forward(count, src, dst);
   }
-  void relu_backward(int64_t count, const float* dst, const float* diff_dst,
-                     float* diff_src) override {
+  void relu_backward(int64_t count, const void* dst, const void* diff_dst,
+                     void* diff_src) override {
     inner_->relu_backward(count, dst, diff_dst, diff_src);
   }
-  void maxpool2x2_forward(const Dims& src_dims, const float* src, float* dst,
+  void maxpool2x2_forward(const Dims& src_dims, const void* src, void* dst,
                           uint8_t* argmax) override {
     inner_->maxpool2x2_forward(src_dims, src, dst, argmax);
   }
-  void maxpool2x2_backward(const Dims& src_dims, const uint8_t* argmax, const float* diff_dst,
-                           float* diff_src, bool accumulate) override {
+  void maxpool2x2_backward(const Dims& src_dims, const uint8_t* argmax, const void* diff_dst,
+                           void* diff_src, bool accumulate) override {
     inner_->maxpool2x2_backward(src_dims, argmax, diff_dst, diff_src, accumulate);
   }
-  void upsample2x_forward(const Dims& src_dims, const float* src, float* dst) override {
+  void upsample2x_forward(const Dims& src_dims, const void* src, void* dst) override {
     inner_->upsample2x_forward(src_dims, src, dst);
   }
-  void upsample2x_backward(const Dims& src_dims, const float* diff_dst, float* diff_src) override {
+  void upsample2x_backward(const Dims& src_dims, const void* diff_dst, void* diff_src) override {
     inner_->upsample2x_backward(src_dims, diff_dst, diff_src);
   }
-  void concat_forward(const Dims& a_dims, const float* a, const Dims& b_dims, const float* b,
-                      float* dst) override {
+  void concat_forward(const Dims& a_dims, const void* a, const Dims& b_dims, const void* b,
+                      void* dst) override {
     inner_->concat_forward(a_dims, a, b_dims, b, dst);
   }
-  void concat_backward(const Dims& a_dims, const Dims& b_dims, const float* diff_dst, float* diff_a,
-                       float* diff_b) override {
+  void concat_backward(const Dims& a_dims, const Dims& b_dims, const void* diff_dst, void* diff_a,
+                       void* diff_b) override {
     inner_->concat_backward(a_dims, b_dims, diff_dst, diff_a, diff_b);
+  }
+  void accumulate_activations(int64_t count, const void* src, void* dst) override {
+    inner_->accumulate_activations(count, src, dst);
+  }
+  void copy_activations(int64_t count, const void* src, void* dst) override {
+    inner_->copy_activations(count, src, dst);
   }
   double bce_with_logits(int64_t count, const float* logits, const float* target, float pos_weight,
                          float grad_scale, float* diff_logits) override {
@@ -142,7 +154,6 @@ class SimulatedDeviceBackend : public Backend {
   void accumulate(int64_t count, const float* src, float* dst) override {
     inner_->accumulate(count, src, dst);
   }
-  void copy(int64_t count, const float* src, float* dst) override { inner_->copy(count, src, dst); }
   void sgd_update(int64_t count, float* param, const float* grad, float* momentum_buf, float lr,
                   float momentum, float weight_decay, bool nesterov) override {
     inner_->sgd_update(count, param, grad, momentum_buf, lr, momentum, weight_decay, nesterov);

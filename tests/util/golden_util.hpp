@@ -20,11 +20,11 @@ class Golden {
   std::string attr_string(const std::string& object, const std::string& name) const;
   // Fails the current test unless max|got - want| <= tol * max(max|want|, 1e-3); prints both.
   // (Relative to the tensor's scale, not per element: elements near zero would make a per-element
-  // ratio meaningless.)
-  void expect_close(const std::string& dataset, const std::vector<float>& got,
-                    double tol = 1e-4) const;
-  static void expect_close(const std::string& what, const float* got, const float* want,
-                           size_t count, double tol);
+  // ratio meaningless.) Returns that relative error.
+  double expect_close(const std::string& dataset, const std::vector<float>& got,
+                      double tol = 1e-4) const;
+  static double expect_close(const std::string& what, const float* got, const float* want,
+                             size_t count, double tol);
   const std::string& path() const { return path_; }
 
  private:

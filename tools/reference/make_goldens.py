@@ -168,12 +168,15 @@ def canonical_tensors(model, kind):
 
 
 def model_golden(path, name, n, size, deconv=False, d=32, lr=0.01, momentum=0.9, wd=1e-4,
-                 split_step=False):
+                 split_step=False, bf16=False):
     """One training step of `name` at width 1/d: input, target, logits, loss, every gradient,
     batch-norm buffers before/after, and the parameters after one SGD step (in a second file,
-    <name>_step.h5, with split_step: ResNet101's three parameter sets would pass 1 MB)."""
+    <name>_step.h5, with split_step: ResNet101's three parameter sets would pass 1 MB).
+    bf16: the model in float32 under torch.autocast("cpu", bfloat16) (dptrain's --precision bf16),
+    the loss in float32 as autocast computes it; else everything in float64."""
     torch.manual_seed(4321)
-    model = models.make(name, width_divisor=d, is_deconv=deconv).to(torch.float64)
+    dtype = torch.float32 if bf16 else torch.float64
+    model = models.make(name, width_divisor=d, is_deconv=deconv).to(dtype)
     if hasattr(model, "dropout_2d"):
         model.dropout_2d = 0.0  # random masks cannot be compared; dropout is tested on its own
     # At width 1/32 some layers have one or two channels: keep every layer alive.
@@ -182,11 +185,14 @@ def model_golden(path, name, n, size, deconv=False, d=32, lr=0.01, momentum=0.9,
     buffers = canonical_tensors(model, "buffer")
     before = {k: plain(v) for k, v in params.items()}
     buffers_before = {k: plain(v) for k, v in buffers.items()}
-    x = (torch.rand(n, 3, size, size, dtype=torch.float32) * 4 - 2).to(torch.float64)
-    t = (torch.rand(n, 1, size, size) < 0.2).to(torch.float64)
+    x = (torch.rand(n, 3, size, size, dtype=torch.float32) * 4 - 2).to(dtype)
+    t = (torch.rand(n, 1, size, size) < 0.2).to(dtype)
     model.train()
-    logits = model(x)
-    loss = F.binary_cross_entropy_with_logits(logits, t)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(x)
+        if bf16 and logits.dtype != torch.bfloat16:
+            raise SystemExit(f"{name}: autocast produced {logits.dtype} logits, expected bfloat16")
+        loss = F.binary_cross_entropy_with_logits(logits, t)
     model.zero_grad()
     loss.backward()
     grads = {k: plain(v.grad) for k, v in params.items()}
@@ -198,6 +204,7 @@ def model_golden(path, name, n, size, deconv=False, d=32, lr=0.01, momentum=0.9,
     with h5py.File(path, "w", libver="latest") as f:
         f.attrs.update(dict(format=FORMAT, torch_version=str(torch.__version__), model=name,
                             deconv=int(deconv), width_divisor=d, loss=float(loss), lr=lr,
+                            precision="bf16" if bf16 else "fp32",
                             momentum=momentum, weight_decay=wd, has_step=int(not split_step)))
         step_path = path.replace(".h5", "_step.h5")
         if split_step:
@@ -239,13 +246,15 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(1)
     layer_goldens(os.path.join(args.out, "layers.h5"))
-    for name, n, size, deconv, split in [("unet16", 2, 32, False, False),
-                                         ("unet16", 2, 32, True, False),
-                                         ("unet_resnet34", 2, 64, False, False),
-                                         ("unet_resnet101", 2, 64, False, True)]:
-        file = f"{name}{'_deconv' if deconv else ''}_w32.h5"
+    for name, n, size, deconv, split, bf16 in [("unet16", 2, 32, False, False, False),
+                                               ("unet16", 2, 32, True, False, False),
+                                               ("unet_resnet34", 2, 64, False, False, False),
+                                               ("unet_resnet101", 2, 64, False, True, False),
+                                               ("unet16", 2, 32, False, False, True),
+                                               ("unet16", 2, 32, True, False, True)]:
+        file = f"{name}{'_deconv' if deconv else ''}_w32{'_bf16' if bf16 else ''}.h5"
         size_bytes = model_golden(os.path.join(args.out, file), name, n, size, deconv,
-                                  split_step=split)
+                                  split_step=split, bf16=bf16)
         print(f"{file}: {size_bytes / 1024:.0f} KiB")
     print(f"layers.h5: {os.path.getsize(os.path.join(args.out, 'layers.h5')) / 1024:.0f} KiB")
 

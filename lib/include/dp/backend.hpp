@@ -2,6 +2,7 @@
 // implement.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -10,7 +11,13 @@
 
 namespace dp {
 
-// Activation shape, NHWC float32 everywhere.
+// Element types of activations (Backend::activation_type()).
+enum class DType { kFloat32, kBFloat16 };
+inline size_t dtype_bytes(DType t) {
+  return t == DType::kBFloat16 ? 2 : 4;
+}
+
+// Activation shape, NHWC.
 struct Dims {
   int n = 0, h = 0, w = 0, c = 0;
   int64_t numel() const { return int64_t{n} * h * w * c; }
@@ -56,6 +63,9 @@ struct DeconvDesc {
 // the few small arrays marked "host" (batch-norm sums, dropout seeds, metric counts) and returned
 // scalars are host memory on every backend. Ops may run asynchronously on a device: an op that
 // returns or writes host values completes its work first; synchronize() waits for all of it.
+// Activations and their gradients (`void*`) hold elements of activation_type(): fp32, or bf16
+// under --precision bf16; weights, their gradients, batch-norm statistics, masks, logits and
+// targets (`float*`) are always fp32.
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -63,28 +73,35 @@ class Backend {
   // Where the tensors live: null for host memory (CPU), else the device's allocator.
   virtual DeviceMemory* device_memory() { return nullptr; }
   virtual void synchronize() {}
+  // The element type of activations and their gradients.
+  virtual DType activation_type() const { return DType::kFloat32; }
+
+  // Conversions between fp32 and the activation type (the model's input and logits; bf16 rounds
+  // to nearest even). Plain copies when activations are fp32.
+  virtual void to_activation(int64_t count, const float* src, void* dst) = 0;
+  virtual void from_activation(int64_t count, const void* src, float* dst) = 0;
 
   // dst = act(conv(src, weight) + bias); weight in PyTorch layout [cout, cin, k, k], bias [cout]
   // (bias ignored, may be null, when !d.bias).
-  virtual void conv_forward(const ConvDesc& d, const float* src, const float* weight,
-                            const float* bias, float* dst) = 0;
+  virtual void conv_forward(const ConvDesc& d, const void* src, const float* weight,
+                            const float* bias, void* dst) = 0;
   // With d.relu, diff_dst is first turned in place into the gradient before the ReLU (using
   // dst). diff_src may be null (first layer). diff_weight/diff_bias: PyTorch layout; diff_bias
   // may be null when !d.bias.
-  virtual void conv_backward(const ConvDesc& d, const float* src, const float* weight,
-                             const float* dst, float* diff_dst, float* diff_src, float* diff_weight,
+  virtual void conv_backward(const ConvDesc& d, const void* src, const float* weight,
+                             const void* dst, void* diff_dst, void* diff_src, float* diff_weight,
                              float* diff_bias) = 0;
 
-  virtual void deconv_forward(const DeconvDesc& d, const float* src, const float* weight,
-                              const float* bias, float* dst) = 0;
-  virtual void deconv_backward(const DeconvDesc& d, const float* src, const float* weight,
-                               const float* dst, float* diff_dst, float* diff_src,
-                               float* diff_weight, float* diff_bias) = 0;
+  virtual void deconv_forward(const DeconvDesc& d, const void* src, const float* weight,
+                              const float* bias, void* dst) = 0;
+  virtual void deconv_backward(const DeconvDesc& d, const void* src, const float* weight,
+                               const void* dst, void* diff_dst, void* diff_src, float* diff_weight,
+                               float* diff_bias) = 0;
 
   // Batch normalisation over (n, h, w) per channel, split so that statistics can be reduced over
   // ranks between the steps (sync-BN). Sums are double; C = d.c.
   // stats: sums (host, 2 C) [c] = sum x, [C + c] = sum x^2.
-  virtual void batchnorm_stats(const Dims& d, const float* src, double* sums) = 0;
+  virtual void batchnorm_stats(const Dims& d, const void* src, double* sums) = 0;
   // mean and invstd = 1 / sqrt(var + eps) (C each) for apply and backward. Training: from the
   // sums (host, over `count` elements per channel; var biased), and the running statistics move
   // by `momentum` toward mean and the unbiased variance. Evaluation: from the running statistics.
@@ -92,59 +109,60 @@ class Backend {
                                  float eps, float momentum, float* running_mean, float* running_var,
                                  float* mean, float* invstd) = 0;
   // dst = act(gamma * (src - mean) * invstd + beta).
-  virtual void batchnorm_apply(const Dims& d, const float* src, const float* mean,
+  virtual void batchnorm_apply(const Dims& d, const void* src, const float* mean,
                                const float* invstd, const float* gamma, const float* beta,
-                               bool relu, float* dst) = 0;
+                               bool relu, void* dst) = 0;
   // With relu, diff_dst is first masked in place by (dst > 0). Then sums (host, 2 C) [c] = sum dy,
   // [C + c] = sum dy * (x - mean) * invstd, and this rank's parameter gradients
   // diff_beta = sums[c], diff_gamma = sums[C + c] (C each).
-  virtual void batchnorm_backward_stats(const Dims& d, const float* src, const float* dst,
-                                        bool relu, float* diff_dst, const float* mean,
-                                        const float* invstd, double* sums, float* diff_gamma,
-                                        float* diff_beta) = 0;
+  virtual void batchnorm_backward_stats(const Dims& d, const void* src, const void* dst, bool relu,
+                                        void* diff_dst, const float* mean, const float* invstd,
+                                        double* sums, float* diff_gamma, float* diff_beta) = 0;
   // sums: host, possibly summed over ranks. Training (batch statistics over `count` elements per
   // channel): dx = gamma * invstd *
   // (dy - sum_dy / count - xhat * sum_dy_xhat / count); with running statistics (!training):
   // dx = gamma * invstd * dy. Adds to diff_src when `accumulate`.
-  virtual void batchnorm_backward_apply(const Dims& d, const float* src, const float* diff_dst,
+  virtual void batchnorm_backward_apply(const Dims& d, const void* src, const void* diff_dst,
                                         const float* mean, const float* invstd, const float* gamma,
                                         const double* sums, double count, bool training,
-                                        float* diff_src, bool accumulate) = 0;
+                                        void* diff_src, bool accumulate) = 0;
 
   // dst = act(a + b) (the residual connection).
-  virtual void add_forward(int64_t count, const float* a, const float* b, bool relu,
-                           float* dst) = 0;
+  virtual void add_forward(int64_t count, const void* a, const void* b, bool relu, void* dst) = 0;
 
   // Channel dropout (PyTorch dropout2d): each (sample, channel) is zeroed with probability p,
   // kept ones are scaled by 1 / (1 - p). mask is [n, c]; sample i's row is a function of
   // seeds[i] (host) only: channel k is dropped when the k-th uniform() of Rng(seeds[i]) (0-based)
   // is < p.
-  virtual void dropout2d_forward(const Dims& d, float p, const uint64_t* seeds, const float* src,
-                                 float* mask, float* dst) = 0;
-  virtual void dropout2d_backward(const Dims& d, const float* mask, const float* diff_dst,
-                                  float* diff_src) = 0;
+  virtual void dropout2d_forward(const Dims& d, float p, const uint64_t* seeds, const void* src,
+                                 float* mask, void* dst) = 0;
+  virtual void dropout2d_backward(const Dims& d, const float* mask, const void* diff_dst,
+                                  void* diff_src) = 0;
 
-  virtual void relu_forward(int64_t count, const float* src, float* dst) = 0;
+  virtual void relu_forward(int64_t count, const void* src, void* dst) = 0;
   // diff_src = diff_dst * (dst > 0); may be in place.
-  virtual void relu_backward(int64_t count, const float* dst, const float* diff_dst,
-                             float* diff_src) = 0;
+  virtual void relu_backward(int64_t count, const void* dst, const void* diff_dst,
+                             void* diff_src) = 0;
 
   // 2x2 max-pool, stride 2 (src h and w even). argmax: one byte per dst element (0..3).
-  virtual void maxpool2x2_forward(const Dims& src_dims, const float* src, float* dst,
+  virtual void maxpool2x2_forward(const Dims& src_dims, const void* src, void* dst,
                                   uint8_t* argmax) = 0;
   virtual void maxpool2x2_backward(const Dims& src_dims, const uint8_t* argmax,
-                                   const float* diff_dst, float* diff_src, bool accumulate) = 0;
+                                   const void* diff_dst, void* diff_src, bool accumulate) = 0;
 
   // Bilinear x2 upsample, PyTorch's align_corners=False.
-  virtual void upsample2x_forward(const Dims& src_dims, const float* src, float* dst) = 0;
-  virtual void upsample2x_backward(const Dims& src_dims, const float* diff_dst,
-                                   float* diff_src) = 0;
+  virtual void upsample2x_forward(const Dims& src_dims, const void* src, void* dst) = 0;
+  virtual void upsample2x_backward(const Dims& src_dims, const void* diff_dst, void* diff_src) = 0;
 
   // dst = cat(a, b) along channels; a and b have the same n, h, w.
-  virtual void concat_forward(const Dims& a_dims, const float* a, const Dims& b_dims,
-                              const float* b, float* dst) = 0;
-  virtual void concat_backward(const Dims& a_dims, const Dims& b_dims, const float* diff_dst,
-                               float* diff_a, float* diff_b) = 0;
+  virtual void concat_forward(const Dims& a_dims, const void* a, const Dims& b_dims, const void* b,
+                              void* dst) = 0;
+  virtual void concat_backward(const Dims& a_dims, const Dims& b_dims, const void* diff_dst,
+                               void* diff_a, void* diff_b) = 0;
+
+  // dst += src, and dst = src (element-wise, count activation elements).
+  virtual void accumulate_activations(int64_t count, const void* src, void* dst) = 0;
+  virtual void copy_activations(int64_t count, const void* src, void* dst) = 0;
 
   // Binary cross-entropy with logits, PyTorch formula with pos_weight. Returns the SUM of the
   // per-element losses (double); writes diff_logits = d(loss_sum)/d(logit) * grad_scale.
@@ -155,9 +173,8 @@ class Backend {
   virtual void confusion_counts(int64_t count, const float* logits, const float* target,
                                 float logit_threshold, int64_t* counts) = 0;
 
-  // dst += src, and dst = src (element-wise, count floats).
+  // dst += src (count floats: parameter gradients).
   virtual void accumulate(int64_t count, const float* src, float* dst) = 0;
-  virtual void copy(int64_t count, const float* src, float* dst) = 0;
 
   // PyTorch SGD: g = grad + wd*p; m = momentum*m + g; p -= lr * (nesterov ? g + momentum*m : m).
   virtual void sgd_update(int64_t count, float* param, const float* grad, float* momentum_buf,
@@ -177,10 +194,11 @@ class Backend {
 void batchnorm_moments(const double* sums, int channels, double count, float eps, float* mean,
                        float* var, float* invstd);
 
-// The arithmetic of convolutions: fp32, or bf16 (as PyTorch's autocast: the input, the output
-// gradient and the weights are rounded to bf16 at each convolution, products accumulate in fp32,
-// outputs and gradients are fp32). Every other op, the master weights, the optimiser and all
-// reductions are fp32 in both.
+// fp32, or bf16 as PyTorch's autocast: activations and their gradients are stored in bf16
+// (activation_type()); convolutions read them and bf16-rounded weights, accumulate in fp32, and
+// round their outputs and data gradients to bf16 once; every other op widens its inputs to fp32,
+// computes in fp32 and rounds its result once. Master weights, their gradients, the optimiser,
+// batch-norm statistics, the loss and all reductions are fp32 in both.
 enum class Precision { kFloat32, kBFloat16 };
 
 // How the CPU backend runs fp32 3x3 stride-1 convolutions, pass by pass (forward, backward data,

@@ -72,14 +72,14 @@ class Model {
   using StatReducer = std::function<void(double* sums, size_t count)>;
   void set_stat_reducer(StatReducer reducer) { stat_reducer_ = std::move(reducer); }
 
-  // input: [n,H,W,3] in backend memory (kept by pointer until backward); returns logits
-  // [n,H,W,1] in backend memory.
+  // input: [n,H,W,3] fp32 in backend memory (kept by pointer until backward when activations
+  // are fp32, else converted); returns fp32 logits [n,H,W,1] in backend memory.
   const float* forward(const float* input, int n);
   // forward() from host memory to host memory, whatever the backend: the input is uploaded into
   // a staging buffer and the logits downloaded (no copies on the CPU backend). For evaluation
   // outside the training loop (reports, prediction); the trainer uploads batches itself.
   const float* forward_host(const float* host_input, int n);
-  // diff_logits: [n,H,W,1] for the batch of the last forward; OVERWRITES params().grads(), or
+  // diff_logits: [n,H,W,1] fp32 for the batch of the last forward; OVERWRITES params().grads(), or
   // adds to them with GradMode::kAccumulate. `listener` (optional) hears of each parameter as soon
   // as its gradient (the sum, when accumulating) is complete.
   void backward(const float* diff_logits, GradListener* listener = nullptr,
@@ -108,9 +108,9 @@ class Model {
   struct Node {
     int scale = 1;  // spatial size = input size / scale
     int c = 0;
-    Buffer value, grad;
-    float* v = nullptr;
-    float* g = nullptr;
+    Buffer value, grad;  // elements of the backend's activation_type()
+    void* v = nullptr;
+    void* g = nullptr;
     bool grad_ready = false;  // during backward: grad holds a partial sum
   };
   enum class OpKind { kConv, kDeconv, kBatchNorm, kAdd, kDropout, kMaxPool, kUpsample, kConcat };
@@ -131,6 +131,10 @@ class Model {
   DeconvDesc deconv_desc(const Op& op, int n) const;
   void batchnorm_forward(Op& op, int n);
   void batchnorm_backward(Op& op, int n, float* dgamma, float* dbeta);
+  // Activation element `i` of `base` (pointer arithmetic in the activation type).
+  void* at(void* base, int64_t i) const {
+    return static_cast<char*>(base) + i * int64_t(dtype_bytes(act_));
+  }
 
   ModelConfig config_;
   Backend& backend_;
@@ -139,6 +143,7 @@ class Model {
   std::vector<Op> ops_;
   int input_ = -1, output_ = -1;
   int max_batch_ = 0, height_ = 0, width_ = 0, batch_ = 0;
+  DType act_ = DType::kFloat32;  // the backend's activation_type()
   bool training_ = true;
   std::vector<uint64_t> dropout_seeds_, op_seeds_;  // per sample; per sample for one op
   StatReducer stat_reducer_;
@@ -146,6 +151,7 @@ class Model {
   Buffer param_scratch_;  // GradMode::kAccumulate: an op's parameter gradients before the addition
   Buffer input_stage_;    // forward_host on a device backend: the input, max batch
   std::vector<float> logits_host_;  // and the logits it returns
+  Buffer logits_;                   // fp32 logits when activations are not fp32
   std::vector<double> bn_sums_;     // batch-norm sums (2 C + 1, host), sized once
 };
 
