@@ -7,7 +7,7 @@
 Cases: UNet16 /8 at 128x128 batch 8 and full UNet16 at 128x128 batch 2, each on 1 and 2 threads,
 and 2 ranks x 1 thread (mpirun) vs PyTorch DDP (gloo) 2 processes x 1 thread. Same network
 (tools/reference/models.py has dptrain's names and shapes), fp32 (or --precision bf16: dptrain's
-bf16 convolutions vs torch.autocast), SGD momentum 0.9, weight decay
+bf16 activations and convolutions vs torch.autocast), SGD momentum 0.9, weight decay
 1e-4, BCE-with-logits, same batch and image size. dptrain trains from an in-memory shard
 (--cache, no augmentation; the second epoch is timed, when the shard is in memory) and prints
 each step's wall time (--bench-step-times); PyTorch uses tensors made once. Each side: warm-up excluded, median of the timed steps; the two alternate

@@ -18,7 +18,7 @@
 # 4. Run test_cuda, test_cuda_backend (every CUDA op and a training step of each model against
 #    the CPU backend) and the NCCL reducer test (1 rank, and 2 where 2 GPUs are visible).
 #    Then dptrain --device cuda end to end (2 epochs, a resumed third) on the synthetic default.
-# 5. Benchmark unet16 at 448x448 in fp32 with TF32 on, and with bf16 convolutions.
+# 5. Benchmark unet16 at 448x448 in fp32 with TF32 on, and in bf16 (activations and convolutions).
 # 6. Print a summary: GPU, tests passed/failed/skipped, img/s, peak memory (logs in
 #    <build>/gpu-check/).
 # Exit status 0 only if everything was built and every test passed. Meant to take well under 8

@@ -452,8 +452,9 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
   if (opt_.deterministic) omp_set_dynamic(0);
   if (use_gpu)
     log_.info("dptrain: ", comm_.size(), " rank(s), device cuda (one GPU per rank), ",
-              opt_.precision, opt_.precision == "fp32" && opt_.tf32 ? " (TF32)" : "",
-              " convolutions");
+              opt_.precision == "bf16" ? "bf16 activations and convolutions"
+              : opt_.tf32              ? "fp32 (TF32) convolutions"
+                                       : "fp32 convolutions");
   else
     log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN), ", omp_get_max_threads(),
               " thread(s) per rank, ",

@@ -159,9 +159,11 @@ class CudaBackendImpl final : public CudaBackend {
         workspace_(heap_, "the convolution workspace"),
         conv_(cudnn_.get(), heap_, workspace_, options),
         staging_(heap_),
-        name_(str_cat("cuda (cuDNN ", cudnn_version(),
-                      options.precision == Precision::kBFloat16 ? ", bf16 convolutions" : "",
-                      ")")) {
+        name_(str_cat(
+            "cuda (cuDNN ", cudnn_version(),
+            options.precision == Precision::kBFloat16 ? ", bf16 activations and convolutions" : "",
+            ")")),
+        bf16_(options.precision == Precision::kBFloat16) {
     cudnn_.set_stream(stream_.get());
   }
 
@@ -178,33 +180,36 @@ class CudaBackendImpl final : public CudaBackend {
   bool runs_in_bf16(const ConvDesc& d) override { return conv_.runs_in_bf16(d); }
   bool runs_in_bf16(const DeconvDesc& d) override { return conv_.runs_in_bf16(d); }
 
-  // Activations are fp32 on this backend (bf16 runs only the convolutions in bf16).
+  DType activation_type() const override { return bf16_ ? DType::kBFloat16 : DType::kFloat32; }
+
   void to_activation(int64_t count, const float* src, void* dst) override {
-    copy_activations(count, src, dst);
+    visit([&](auto t) {
+      kernels::convert(s(), count, 1, src, nullptr, false, as<decltype(t)>(dst));
+    });
   }
   void from_activation(int64_t count, const void* src, float* dst) override {
-    copy_activations(count, src, dst);
+    visit([&](auto t) {
+      kernels::convert(s(), count, 1, as<decltype(t)>(src), nullptr, false, dst);
+    });
   }
 
   void conv_forward(const ConvDesc& d, const void* src, const float* weight, const float* bias,
                     void* dst) override {
-    conv_.conv_forward(d, f(src), weight, bias, f(dst));
+    conv_.conv_forward(d, src, weight, bias, dst);
   }
   void conv_backward(const ConvDesc& d, const void* src, const float* weight, const void* dst,
                      void* diff_dst, void* diff_src, float* diff_weight,
                      float* diff_bias) override {
-    conv_.conv_backward(d, f(src), weight, f(dst), f(diff_dst), f(diff_src), diff_weight,
-                        diff_bias);
+    conv_.conv_backward(d, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias);
   }
   void deconv_forward(const DeconvDesc& d, const void* src, const float* weight, const float* bias,
                       void* dst) override {
-    conv_.deconv_forward(d, f(src), weight, bias, f(dst));
+    conv_.deconv_forward(d, src, weight, bias, dst);
   }
   void deconv_backward(const DeconvDesc& d, const void* src, const float* weight, const void* dst,
                        void* diff_dst, void* diff_src, float* diff_weight,
                        float* diff_bias) override {
-    conv_.deconv_backward(d, f(src), weight, f(dst), f(diff_dst), f(diff_src), diff_weight,
-                          diff_bias);
+    conv_.deconv_backward(d, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias);
   }
 
   void batchnorm_stats(const Dims& d, const void* src, double* sums) override {
@@ -214,7 +219,9 @@ class CudaBackendImpl final : public CudaBackend {
       return;
     }
     void* dev = staging_.scratch(bytes);
-    kernels::batchnorm_stats(s(), d, f(src), static_cast<double*>(dev));
+    visit([&](auto t) {
+      kernels::batchnorm_stats(s(), d, as<decltype(t)>(src), static_cast<double*>(dev));
+    });
     staging_.fetch(dev, sums, bytes);
   }
 
@@ -230,7 +237,10 @@ class CudaBackendImpl final : public CudaBackend {
 
   void batchnorm_apply(const Dims& d, const void* src, const float* mean, const float* invstd,
                        const float* gamma, const float* beta, bool relu, void* dst) override {
-    kernels::batchnorm_apply(s(), d, f(src), mean, invstd, gamma, beta, relu, f(dst));
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::batchnorm_apply(s(), d, as<S>(src), mean, invstd, gamma, beta, relu, as<S>(dst));
+    });
   }
 
   void batchnorm_backward_stats(const Dims& d, const void* src, const void* dst, bool relu,
@@ -244,8 +254,11 @@ class CudaBackendImpl final : public CudaBackend {
       return;
     }
     void* dev = staging_.scratch(bytes);
-    kernels::batchnorm_backward_stats(s(), d, f(src), f(dst), relu, f(diff_dst), mean, invstd,
-                                      static_cast<double*>(dev), diff_gamma, diff_beta);
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::batchnorm_backward_stats(s(), d, as<S>(src), as<S>(dst), relu, as<S>(diff_dst), mean,
+                                        invstd, static_cast<double*>(dev), diff_gamma, diff_beta);
+    });
     staging_.fetch(dev, sums, bytes);
   }
 
@@ -255,76 +268,117 @@ class CudaBackendImpl final : public CudaBackend {
                                 bool accumulate) override {
     const size_t bytes = sizeof(double) * 2 * size_t(d.c);
     void* dev = training ? staging_.upload(sums, bytes) : staging_.scratch(bytes);
-    kernels::batchnorm_backward_apply(s(), d, f(src), f(diff_dst), mean, invstd, gamma,
-                                      static_cast<const double*>(dev), count, training, f(diff_src),
-                                      accumulate);
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::batchnorm_backward_apply(s(), d, as<S>(src), as<S>(diff_dst), mean, invstd, gamma,
+                                        static_cast<const double*>(dev), count, training,
+                                        as<S>(diff_src), accumulate);
+    });
   }
 
   void add_forward(int64_t count, const void* a, const void* b, bool relu, void* dst) override {
-    kernels::add_forward(s(), count, f(a), f(b), relu, f(dst));
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::add_forward(s(), count, as<S>(a), as<S>(b), relu, as<S>(dst));
+    });
   }
 
   void dropout2d_forward(const Dims& d, float p, const uint64_t* seeds, const void* src,
                          float* mask, void* dst) override {
     if (d.n == 0) return;
     const void* dev = staging_.upload(seeds, sizeof(uint64_t) * size_t(d.n));
-    kernels::dropout2d_forward(s(), d, p, static_cast<const uint64_t*>(dev), f(src), mask, f(dst));
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::dropout2d_forward(s(), d, p, static_cast<const uint64_t*>(dev), as<S>(src), mask,
+                                 as<S>(dst));
+    });
   }
 
   void dropout2d_backward(const Dims& d, const float* mask, const void* diff_dst,
                           void* diff_src) override {
-    kernels::dropout2d_backward(s(), d, mask, f(diff_dst), f(diff_src));
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::dropout2d_backward(s(), d, mask, as<S>(diff_dst), as<S>(diff_src));
+    });
   }
 
   void relu_forward(int64_t count, const void* src, void* dst) override {
-    kernels::relu_forward(s(), count, f(src), f(dst));
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::convert(s(), count, 1, as<S>(src), nullptr, true, as<S>(dst));
+    });
   }
 
   void relu_backward(int64_t count, const void* dst, const void* diff_dst,
                      void* diff_src) override {
-    kernels::relu_backward(s(), count, f(dst), f(diff_dst), f(diff_src));
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::relu_backward(s(), count, as<S>(dst), as<S>(diff_dst), as<S>(diff_src));
+    });
   }
 
   void maxpool2x2_forward(const Dims& src_dims, const void* src, void* dst,
                           uint8_t* argmax) override {
     DP_CHECK(src_dims.h % 2 == 0 && src_dims.w % 2 == 0, "maxpool2x2: input ", src_dims.h, "x",
              src_dims.w, " is not even");
-    kernels::maxpool2x2_forward(s(), src_dims, f(src), f(dst), argmax);
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::maxpool2x2_forward(s(), src_dims, as<S>(src), as<S>(dst), argmax);
+    });
   }
 
   void maxpool2x2_backward(const Dims& src_dims, const uint8_t* argmax, const void* diff_dst,
                            void* diff_src, bool accumulate) override {
-    kernels::maxpool2x2_backward(s(), src_dims, argmax, f(diff_dst), f(diff_src), accumulate);
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::maxpool2x2_backward(s(), src_dims, argmax, as<S>(diff_dst), as<S>(diff_src),
+                                   accumulate);
+    });
   }
 
   void upsample2x_forward(const Dims& src_dims, const void* src, void* dst) override {
-    kernels::upsample2x_forward(s(), src_dims, f(src), f(dst));
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::upsample2x_forward(s(), src_dims, as<S>(src), as<S>(dst));
+    });
   }
 
   void upsample2x_backward(const Dims& src_dims, const void* diff_dst, void* diff_src) override {
-    kernels::upsample2x_backward(s(), src_dims, f(diff_dst), f(diff_src));
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::upsample2x_backward(s(), src_dims, as<S>(diff_dst), as<S>(diff_src));
+    });
   }
 
   void concat_forward(const Dims& a_dims, const void* a, const Dims& b_dims, const void* b,
                       void* dst) override {
     check_concat(a_dims, b_dims);
-    kernels::concat_forward(s(), a_dims, f(a), b_dims, f(b), f(dst));
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::concat_forward(s(), a_dims, as<S>(a), b_dims, as<S>(b), as<S>(dst));
+    });
   }
 
   void concat_backward(const Dims& a_dims, const Dims& b_dims, const void* diff_dst, void* diff_a,
                        void* diff_b) override {
     check_concat(a_dims, b_dims);
-    kernels::concat_backward(s(), a_dims, b_dims, f(diff_dst), f(diff_a), f(diff_b));
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::concat_backward(s(), a_dims, b_dims, as<S>(diff_dst), as<S>(diff_a), as<S>(diff_b));
+    });
   }
 
   void accumulate_activations(int64_t count, const void* src, void* dst) override {
-    kernels::accumulate(s(), count, f(src), f(dst));
+    visit([&](auto t) {
+      using S = decltype(t);
+      kernels::accumulate(s(), count, as<S>(src), as<S>(dst));
+    });
   }
 
   void copy_activations(int64_t count, const void* src, void* dst) override {
     if (count == 0 || src == dst) return;
-    DP_CUDA_CHECK(
-        cudaMemcpyAsync(dst, src, sizeof(float) * size_t(count), cudaMemcpyDeviceToDevice, s()));
+    DP_CUDA_CHECK(cudaMemcpyAsync(dst, src, dtype_bytes(activation_type()) * size_t(count),
+                                  cudaMemcpyDeviceToDevice, s()));
   }
 
   double bce_with_logits(int64_t count, const float* logits, const float* target, float pos_weight,
@@ -382,8 +436,22 @@ class CudaBackendImpl final : public CudaBackend {
 
  private:
   cudaStream_t s() const { return stream_.get(); }
-  static const float* f(const void* p) { return static_cast<const float*>(p); }
-  static float* f(void* p) { return static_cast<float*>(p); }
+  // Calls f(S{}) with S the activations' storage type (float or __nv_bfloat16).
+  template <typename F>
+  void visit(const F& f) const {
+    if (bf16_)
+      f(__nv_bfloat16{});
+    else
+      f(0.0f);
+  }
+  template <typename S>
+  static const S* as(const void* p) {
+    return static_cast<const S*>(p);
+  }
+  template <typename S>
+  static S* as(void* p) {
+    return static_cast<S*>(p);
+  }
 
   static void check_concat(const Dims& a, const Dims& b) {
     DP_CHECK(a.n == b.n && a.h == b.h && a.w == b.w, "concat: shapes differ: [", a.n, ",", a.h, ",",
@@ -400,6 +468,7 @@ class CudaBackendImpl final : public CudaBackend {
   ConvEngine conv_;
   Staging staging_;
   std::string name_;
+  bool bf16_ = false;  // bf16 activations
 };
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The CUDA backend's convolutions: counted device memory, the workspace arena, and cuDNN plans
-// (descriptors and the algorithms chosen once per shape with cudnnFind*AlgorithmEx), in fp32 or on
-// bf16 copies of the operands.
+// (descriptors and the algorithms chosen once per shape with cudnnFind*AlgorithmEx), in fp32 or
+// bf16.
 #include "cudnn_conv.hpp"
 
 #include <algorithm>
@@ -210,7 +210,8 @@ struct ConvEngine::Plan {
   TensorDescriptor w_nchw, w_nhwc;  // the filter as a plain tensor, for cudnnTransformTensor
   ActivationDescriptor relu, identity;
   PassState pass[3];
-  bool bf16 = false;        // the operands are bf16 copies (a bf16 engine, where cuDNN allows it)
+  bool bf16 = false;        // cuDNN runs on bf16 tensors (a bf16 engine, where cuDNN allows it)
+  bool widened = false;     // bf16 activations, fp32 plan: operands widened, results narrowed
   bool fuse = true;         // cudnnConvolutionBiasActivationForward: not refused, not slower
   bool fuse_timed = false;  // the fused call was timed against the separate one
   std::string why;          // why the last algorithm search failed
@@ -221,15 +222,27 @@ struct ConvEngine::Plan {
   int64_t y_pixels() const { return int64_t{n} * hy * wy; }
   int64_t x_pixels() const { return int64_t{n} * hx * wx; }
 
-  // bf16: the byte offsets of the x, filter and y regions in the engine's bf16 arena (each
-  // 256-byte aligned, as cuDNN's vectorised kernels want) and the bytes of all three.
+  // The x, filter and y regions of an arena (each 256-byte aligned, as cuDNN's vectorised
+  // kernels want) for operands of `x_bytes`, `w_bytes` and `y_bytes` per element.
   static size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-  size_t lowp_w_offset() const { return aligned(sizeof(__nv_bfloat16) * size_t(x_pixels()) * c); }
-  size_t lowp_y_offset() const {
-    return lowp_w_offset() + aligned(sizeof(__nv_bfloat16) * filter_numel());
+  struct Regions {
+    size_t w_offset, y_offset, bytes;
+  };
+  Regions regions(size_t x_bytes, size_t w_bytes, size_t y_bytes) const {
+    const size_t w_offset = aligned(x_bytes * size_t(x_pixels()) * size_t(c));
+    const size_t y_offset = w_offset + aligned(w_bytes * filter_numel());
+    return {w_offset, y_offset, y_offset + aligned(y_bytes * size_t(y_pixels()) * size_t(k))};
   }
-  size_t lowp_bytes() const {
-    return lowp_y_offset() + aligned(sizeof(__nv_bfloat16) * size_t(y_pixels()) * k);
+  // The engine's staging arena for this plan's calls: fp32 x and y where widened, the bf16
+  // filter (and filter gradient) where bf16.
+  Regions stage() const {
+    const size_t xy = widened ? sizeof(float) : 0, w = bf16 ? sizeof(__nv_bfloat16) : 0;
+    return regions(xy, w, xy);
+  }
+  // The bf16 algorithm search's scratch operands: x, filter and y in bf16.
+  Regions probe() const {
+    constexpr size_t b = sizeof(__nv_bfloat16);
+    return regions(b, b, b);
   }
 };
 
@@ -306,7 +319,7 @@ ConvEngine::ConvEngine(cudnnHandle_t handle, DeviceHeap& heap, Arena& workspace,
       options_(options),
       bf16_(options.precision == Precision::kBFloat16),
       filter_copy_(heap, "the KRSC filter copy"),
-      lowp_(heap, "the bf16 convolution operands") {
+      stage_(heap, "the convolution operand staging") {
   const char* krsc = std::getenv("DP_CUDNN_KRSC_FILTERS");
   force_krsc_ = krsc != nullptr && std::strcmp(krsc, "1") == 0;
 }
@@ -510,6 +523,7 @@ void ConvEngine::ensure(Plan& p, int pass, const void* x, const void* w, const v
 
 void ConvEngine::build(Plan& p, bool data_pass_on_use) {
   p.bf16 = bf16_;
+  p.widened = false;
   init_plan(&p, options_);
   // bf16: the algorithms now. The first pass cuDNN cannot do in bf16 makes the plan fp32, whose
   // algorithms are then chosen on first use as in an fp32 engine.
@@ -520,10 +534,15 @@ void ConvEngine::build(Plan& p, bool data_pass_on_use) {
 }
 
 bool ConvEngine::keep_bf16(Plan& p, int pass) {
-  // On the bf16 regions every call of the plan uses (their contents do not matter to the search).
-  reserve_lowp(p);
-  char* base = static_cast<char*>(lowp_.data());
-  if (try_ensure(p, pass, base, base + p.lowp_w_offset(), base + p.lowp_y_offset())) return true;
+  {
+    // On scratch operands of the plan's shapes (their contents do not matter to the search),
+    // freed after it.
+    Arena probe(heap_, "the bf16 algorithm search's operands");
+    const Plan::Regions r = p.probe();
+    probe.reserve(r.bytes);
+    char* base = static_cast<char*>(probe.data());
+    if (try_ensure(p, pass, base, base + r.w_offset, base + r.y_offset)) return true;
+  }
   // Device memory, not bf16 support, is missing: the same error as in ensure(), on this rank.
   if (p.short_of_memory)
     fail("cuDNN offers no usable ", kPassName[pass], " algorithm for ", p.what,
@@ -532,6 +551,7 @@ bool ConvEngine::keep_bf16(Plan& p, int pass) {
                     " instead of bf16: no usable bf16 ", kPassName[pass], " algorithm",
                     search_conditions(p), ": ", p.why);
   p.bf16 = false;
+  p.widened = true;
   init_plan(&p, options_);
   return false;
 }
@@ -653,58 +673,79 @@ bool ConvEngine::choose(Plan& p, int pass, bool krsc, const void* x, const void*
 // ---------------------------------------------------------------------------------------------
 // Operands
 
-void ConvEngine::reserve_lowp(const Plan& p) {
-  if (p.bf16) lowp_.reserve(p.lowp_bytes());
+void ConvEngine::reserve_stage(const Plan& p) {
+  stage_.reserve(p.stage().bytes);
 }
 
-namespace {
-
-// A region of the bf16 arena, which reserve_lowp has grown to the plan's regions.
-__nv_bfloat16* lowp_region(const Arena& lowp, const ConvEngine::Plan& p, size_t offset) {
-  DP_CHECK(lowp.bytes() >= p.lowp_bytes(), "internal: the bf16 operands of ", p.what, " need ",
-           p.lowp_bytes(), " bytes, the arena has ", lowp.bytes());
-  return reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(lowp.data()) + offset);
+char* ConvEngine::stage_region(const Plan& p, Side side) const {
+  const Plan::Regions r = p.stage();
+  DP_CHECK(stage_.bytes() >= r.bytes, "internal: the staged operands of ", p.what, " need ",
+           r.bytes, " bytes, the arena has ", stage_.bytes());
+  return static_cast<char*>(stage_.data()) + (side == Side::kX ? 0 : r.y_offset);
 }
 
-}  // namespace
+__nv_bfloat16* ConvEngine::filter_region(const Plan& p) const {
+  const Plan::Regions r = p.stage();
+  DP_CHECK(p.bf16 && stage_.bytes() >= r.bytes, "internal: no bf16 filter region for ", p.what);
+  return reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(stage_.data()) + r.w_offset);
+}
 
-const void* ConvEngine::operand(Plan& p, Side side, const float* t) {
-  if (!p.bf16) return t;
-  __nv_bfloat16* copy = lowp_region(lowp_, p, side == Side::kX ? 0 : p.lowp_y_offset());
-  const int64_t count = side == Side::kX ? p.x_pixels() * p.c : p.y_pixels() * p.k;
-  kernels::to_bf16(heap_.stream(), count, t, copy);
+int64_t ConvEngine::pixels(const Plan& p, Side side) {
+  return side == Side::kX ? p.x_pixels() : p.y_pixels();
+}
+int ConvEngine::channels(const Plan& p, Side side) {
+  return side == Side::kX ? p.c : p.k;
+}
+
+const void* ConvEngine::operand(Plan& p, Side side, const void* t) {
+  if (!p.widened) return t;
+  auto* copy = reinterpret_cast<float*>(stage_region(p, side));
+  kernels::convert(heap_.stream(), pixels(p, side), channels(p, side),
+                   static_cast<const __nv_bfloat16*>(t), nullptr, false, copy);
   return copy;
 }
 
-const void* ConvEngine::output_grad(Plan& p, Side side, bool copy, const float* dst,
-                                    float* diff_dst, float* diff_bias) {
-  const bool x = side == Side::kX;
-  __nv_bfloat16* lowp = copy && p.bf16 ? lowp_region(lowp_, p, x ? 0 : p.lowp_y_offset()) : nullptr;
-  kernels::output_grad(heap_.stream(), x ? p.x_pixels() : p.y_pixels(), x ? p.c : p.k, dst,
-                       diff_dst, diff_bias, lowp);
-  return lowp != nullptr ? static_cast<const void*>(lowp) : diff_dst;
-}
-
-void* ConvEngine::result(Plan& p, Side side, float* t) {
-  if (!p.bf16) return t;
-  return lowp_region(lowp_, p, side == Side::kX ? 0 : p.lowp_y_offset());
-}
-
-void ConvEngine::epilogue(const Plan& p, int64_t pixels, int c, const void* r, float* out,
-                          const float* bias, bool relu) {
+const void* ConvEngine::output_grad(Plan& p, Side side, bool copy, const void* dst, void* diff_dst,
+                                    float* diff_bias) {
   const cudaStream_t s = heap_.stream();
-  if (p.bf16)
-    kernels::from_bf16(s, pixels, c, static_cast<const __nv_bfloat16*>(r), bias, relu, out);
-  else if (bias != nullptr)
-    kernels::bias_relu(s, pixels, c, bias, relu, out);
-  else if (relu)
-    kernels::relu_forward(s, pixels * c, out, out);
+  if (!bf16_) {
+    kernels::output_grad(s, pixels(p, side), channels(p, side), static_cast<const float*>(dst),
+                         static_cast<float*>(diff_dst), diff_bias, nullptr);
+    return diff_dst;
+  }
+  float* widened = copy && p.widened ? reinterpret_cast<float*>(stage_region(p, side)) : nullptr;
+  kernels::output_grad(s, pixels(p, side), channels(p, side),
+                       static_cast<const __nv_bfloat16*>(dst),
+                       static_cast<__nv_bfloat16*>(diff_dst), diff_bias, widened);
+  return widened != nullptr ? static_cast<const void*>(widened) : diff_dst;
+}
+
+void* ConvEngine::result(Plan& p, Side side, void* t) {
+  return p.widened ? stage_region(p, side) : t;
+}
+
+void ConvEngine::epilogue(const Plan& p, Side side, const void* r, void* out, const float* bias,
+                          bool relu) {
+  const cudaStream_t s = heap_.stream();
+  const int64_t n = pixels(p, side);
+  const int c = channels(p, side);
+  if (p.widened) {
+    kernels::convert(s, n, c, static_cast<const float*>(r), bias, relu,
+                     static_cast<__nv_bfloat16*>(out));
+  } else if (bias != nullptr || relu) {  // in place, in the activations' type
+    if (bf16_)
+      kernels::convert(s, n, c, static_cast<const __nv_bfloat16*>(out), bias, relu,
+                       static_cast<__nv_bfloat16*>(out));
+    else
+      kernels::convert(s, n, c, static_cast<const float*>(out), bias, relu,
+                       static_cast<float*>(out));
+  }
 }
 
 const void* ConvEngine::filter_for(Plan& p, int pass, const float* w) {
   const bool krsc = p.pass[pass].krsc;
   if (p.bf16) {
-    __nv_bfloat16* copy = lowp_region(lowp_, p, p.lowp_w_offset());
+    __nv_bfloat16* copy = filter_region(p);
     kernels::filter_to_bf16(heap_.stream(), p.k, p.c, p.r * p.r, w, krsc, copy);
     return copy;
   }
@@ -715,25 +756,18 @@ const void* ConvEngine::filter_for(Plan& p, int pass, const float* w) {
   return filter_copy_.data();
 }
 
-const void* ConvEngine::probe_filter(Plan& p, const float* w) {
-  if (!p.bf16) return w;
-  __nv_bfloat16* copy = lowp_region(lowp_, p, p.lowp_w_offset());
-  kernels::filter_to_bf16(heap_.stream(), p.k, p.c, p.r * p.r, w, false, copy);
-  return copy;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Passes
 
 bool ConvEngine::forward(Plan& p, const void* x, const float* w, void* y, const float* bias,
                          bool relu) {
-  if (!p.pass[kForward].ready) ensure(p, kForward, x, probe_filter(p, w), y);
+  if (!p.pass[kForward].ready) ensure(p, kForward, x, w, y);
   const PassState& ps = p.pass[kForward];
   const void* filter = filter_for(p, kForward, w);
   const auto algo = static_cast<cudnnConvolutionFwdAlgo_t>(ps.algo);
-  // cuDNN's fused call, where it allows it: fp32 only (bf16 widens the result with the bias),
-  // with the identity activation only for IMPLICIT_PRECOMP_GEMM. A refusal falls back to the
-  // plain convolution for good, and so does a fused call timed slower than the plain one.
+  // cuDNN's fused call, where it allows it: fp32 plans only (bf16 ones add the bias to their bf16
+  // result), with the identity activation only for IMPLICIT_PRECOMP_GEMM. A refusal falls back to
+  // the plain convolution for good, and so does a fused call timed slower than the plain one.
   if (!p.bf16 && bias != nullptr && p.fuse &&
       (relu || algo == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)) {
     if (!p.fuse_timed && !options_.deterministic) {
@@ -782,7 +816,8 @@ bool ConvEngine::fused_is_faster(const Plan& p, const void* x, const void* filte
   auto fused = [&] { return fused_forward(p, x, filter, y, bias, relu); };
   auto plain = [&] {
     plain_forward(p, x, filter, y);
-    kernels::bias_relu(s, p.y_pixels(), p.k, bias, relu, static_cast<float*>(y));
+    auto* out = static_cast<float*>(y);
+    kernels::convert(s, p.y_pixels(), p.k, out, bias, relu, out);
   };
   const cudnnStatus_t status = fused();
   if (status != CUDNN_STATUS_SUCCESS) {
@@ -809,7 +844,7 @@ bool ConvEngine::fused_is_faster(const Plan& p, const void* x, const void* filte
 }
 
 void ConvEngine::backward_data(Plan& p, const float* w, const void* dy, void* dx) {
-  if (!p.pass[kBackwardData].ready) ensure(p, kBackwardData, dx, probe_filter(p, w), dy);
+  if (!p.pass[kBackwardData].ready) ensure(p, kBackwardData, dx, w, dy);
   const PassState& ps = p.pass[kBackwardData];
   const void* filter = filter_for(p, kBackwardData, w);
   DP_CUDNN_CHECK(cudnnConvolutionBackwardData(
@@ -821,7 +856,7 @@ void ConvEngine::backward_data(Plan& p, const float* w, const void* dy, void* dx
 void ConvEngine::backward_filter(Plan& p, const void* x, const void* dy, float* dw) {
   // bf16: cuDNN writes a bf16 filter gradient (PSEUDO_BFLOAT16_CONFIG has no fp32 dw), widened
   // into dw after.
-  void* lowp_dw = p.bf16 ? lowp_region(lowp_, p, p.lowp_w_offset()) : nullptr;
+  void* lowp_dw = p.bf16 ? filter_region(p) : nullptr;
   ensure(p, kBackwardFilter, x, p.bf16 ? lowp_dw : dw, dy);
   const PassState& ps = p.pass[kBackwardFilter];
   void* out = dw;
@@ -854,26 +889,27 @@ bool ConvEngine::runs_in_bf16(const DeconvDesc& d) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The Backend operations. Each reserves the bf16 regions first (bf16 only): growing the arena
-// loses its contents.
+// The Backend operations. Each reserves the staging regions first: growing the arena loses its
+// contents.
 
-void ConvEngine::conv_forward(const ConvDesc& d, const float* src, const float* weight,
-                              const float* bias, float* dst) {
+void ConvEngine::conv_forward(const ConvDesc& d, const void* src, const float* weight,
+                              const float* bias, void* dst) {
   DP_CHECK(!d.bias || bias != nullptr,
            "conv_forward: the convolution has a bias but none is given");
   Plan& p = conv_plan(d);
   in_context(p, [&] {
-    reserve_lowp(p);
+    reserve_stage(p);
     const float* b = d.bias ? bias : nullptr;
     const void* x = operand(p, Side::kX, src);
     void* y = result(p, Side::kY, dst);
-    if (!forward(p, x, weight, y, b, d.relu)) epilogue(p, p.y_pixels(), p.k, y, dst, b, d.relu);
+    const bool fused = forward(p, x, weight, y, b, d.relu);
+    epilogue(p, Side::kY, y, dst, fused ? nullptr : b, !fused && d.relu);
   });
 }
 
-void ConvEngine::conv_backward(const ConvDesc& d, const float* src, const float* weight,
-                               const float* dst, float* diff_dst, float* diff_src,
-                               float* diff_weight, float* diff_bias) {
+void ConvEngine::conv_backward(const ConvDesc& d, const void* src, const float* weight,
+                               const void* dst, void* diff_dst, void* diff_src, float* diff_weight,
+                               float* diff_bias) {
   DP_CHECK(!d.bias || diff_bias != nullptr,
            "conv_backward: the convolution has a bias but no bias gradient is given");
   Plan& p = conv_plan(d);
@@ -881,42 +917,44 @@ void ConvEngine::conv_backward(const ConvDesc& d, const float* src, const float*
     const bool passes = diff_weight != nullptr || diff_src != nullptr;
     // The data gradient's first use: a bf16 plan without a bf16 algorithm for it turns fp32 now.
     if (diff_src != nullptr && p.bf16 && !p.pass[kBackwardData].ready) keep_bf16(p, kBackwardData);
-    if (passes) reserve_lowp(p);
-    // The masked output gradient, its bias gradient and (bf16) the one bf16 copy of it that
-    // serves both passes, in one pass over it.
+    if (passes) reserve_stage(p);
+    // The masked output gradient, its bias gradient and (widened plans) the one fp32 copy of it
+    // that serves both passes, in one pass over it.
     const void* dy = output_grad(p, Side::kY, passes, d.relu ? dst : nullptr, diff_dst,
                                  d.bias ? diff_bias : nullptr);
     if (!passes) return;
     if (diff_weight != nullptr) backward_filter(p, operand(p, Side::kX, src), dy, diff_weight);
     if (diff_src != nullptr) {
+      // Written after the filter pass has read the X region (one stream: in order).
       void* dx = result(p, Side::kX, diff_src);
       backward_data(p, weight, dy, dx);
-      epilogue(p, p.x_pixels(), p.c, dx, diff_src, nullptr, false);
+      epilogue(p, Side::kX, dx, diff_src, nullptr, false);
     }
   });
 }
 
-void ConvEngine::deconv_forward(const DeconvDesc& d, const float* src, const float* weight,
-                                const float* bias, float* dst) {
+void ConvEngine::deconv_forward(const DeconvDesc& d, const void* src, const float* weight,
+                                const float* bias, void* dst) {
   Plan& p = deconv_plan(d);
   in_context(p, [&] {
-    reserve_lowp(p);
+    reserve_stage(p);
     const void* dy = operand(p, Side::kY, src);
     void* dx = result(p, Side::kX, dst);
     backward_data(p, weight, dy, dx);
-    epilogue(p, p.x_pixels(), p.c, dx, dst, bias, d.relu);
+    epilogue(p, Side::kX, dx, dst, bias, d.relu);
   });
 }
 
-void ConvEngine::deconv_backward(const DeconvDesc& d, const float* src, const float* weight,
-                                 const float* dst, float* diff_dst, float* diff_src,
+void ConvEngine::deconv_backward(const DeconvDesc& d, const void* src, const float* weight,
+                                 const void* dst, void* diff_dst, void* diff_src,
                                  float* diff_weight, float* diff_bias) {
   Plan& p = deconv_plan(d);
   in_context(p, [&] {
     const bool passes = diff_weight != nullptr || diff_src != nullptr;
-    if (passes) reserve_lowp(p);
+    if (passes) reserve_stage(p);
     // dW[cin, cout] = sum src[cin] * diff_dst[cout]: the convolution's filter gradient with its
-    // input x = diff_dst and its output gradient dy = src. One bf16 copy of diff_dst serves both.
+    // input x = diff_dst and its output gradient dy = src. One widened copy of diff_dst serves
+    // both passes.
     const void* x = output_grad(p, Side::kX, passes, d.relu ? dst : nullptr, diff_dst, diff_bias);
     if (!passes) return;
     if (diff_weight != nullptr) backward_filter(p, x, operand(p, Side::kY, src), diff_weight);
@@ -924,7 +962,7 @@ void ConvEngine::deconv_backward(const DeconvDesc& d, const float* src, const fl
       // Written after the filter pass has read the Y region (one stream: in order).
       void* y = result(p, Side::kY, diff_src);
       forward(p, x, weight, y, nullptr, false);  // no bias: never fused
-      epilogue(p, p.y_pixels(), p.k, y, diff_src, nullptr, false);
+      epilogue(p, Side::kY, y, diff_src, nullptr, false);
     }
   });
 }

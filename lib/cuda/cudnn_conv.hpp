@@ -2,6 +2,7 @@
 // cuDNN plans per shape whose forward / backward-data / backward-filter algorithms are chosen once.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 
@@ -77,8 +78,8 @@ class Arena {
 // output to its input (same weight), its backward-data pass that convolution's forward.
 //
 // Algorithms: chosen per shape and pass (forward, backward data, backward filter), in fp32 on the
-// pass's first use with the call's own buffers, in bf16 all three when the plan is built, on the
-// bf16 regions the calls will use (the search blocks until it has run): the fastest that
+// pass's first use with the call's own buffers, in bf16 all three when the plan is built, on
+// scratch bf16 operands (the search blocks until it has run): the fastest that
 // cudnnFind*AlgorithmEx measures, with a scratch workspace as large as the heuristics' candidates
 // need (freed after); with options.deterministic, deterministic algorithms only, taken in the
 // heuristics' (reproducible) order among those the search ran. TF32 only with options.tf32.
@@ -95,22 +96,24 @@ class Arena {
 // (timed on the plan's first forward, except with options.deterministic; falling back for good
 // on a refusal), else kernels::bias_relu.
 //
-// bf16 (options.precision == kBFloat16): every cuDNN call of a bf16 plan runs on bf16 tensors and
-// filters with fp32 compute (the convolution descriptor's type CUDNN_DATA_FLOAT, tensor-op math;
-// cuDNN's PSEUDO_BFLOAT16_CONFIG, which wants x, w and y, or dx / dw, all bf16). Each call converts
-// its fp32 inputs (input, output gradient, weights, rounded to nearest even) into bf16 regions of
-// one arena that grows to the largest plan's need, and widens cuDNN's bf16 result into the fp32
-// output: the forward result with bias and ReLU (never the fused call), the data and filter
-// gradients as they are. So the results are rounded to bf16 once before they are widened, as
-// PyTorch's autocast (bf16 conv outputs and weight gradients) rounds them. KRSC filters are
-// converted (and filter gradients widened) in KRSC order directly. The bias gradient is summed in
-// fp32 from the fp32 output gradient (kernels::output_grad, which also makes its bf16 copy).
-// Algorithms are searched on the bf16 operands. A shape for which cuDNN offers no usable bf16
-// algorithm for one of the passes it runs (e.g. 3 input channels, 1 output channel) gets an fp32
-// plan instead (all passes fp32, TF32 per options.tf32, the fused bias + ReLU allowed), decided
-// when the plan is built (a convolution's backward-data pass: when first asked for, since the first
-// layer never runs it) and logged once (options.log); every other shape stays bf16. runs_in_bf16()
-// says which a shape got.
+// bf16 (options.precision == kBFloat16): the activations and their gradients are bf16 (the
+// backend's activation_type()). Every cuDNN call of a bf16 plan runs on them as they are, with
+// bf16 filters and fp32 compute (the convolution descriptor's type CUDNN_DATA_FLOAT, tensor-op
+// math; cuDNN's PSEUDO_BFLOAT16_CONFIG, which wants x, w and y, or dx / dw, all bf16): the
+// weights are converted into a bf16 region of the staging arena (rounded to nearest even; KRSC
+// filters in KRSC order directly), the bf16 filter gradient cuDNN writes there is widened into
+// the fp32 weight gradient. cuDNN rounds its outputs to bf16; the bias and ReLU are then applied
+// to the stored bf16 output and rounded again (never the fused call), as PyTorch's autocast adds
+// the bias to a bf16 convolution output. The bias gradient is summed in fp32 from the bf16 output
+// gradient (kernels::output_grad). Algorithms are searched when the plan is built, on scratch
+// bf16 operands of the plan's shapes (freed after). A shape for which cuDNN offers no usable
+// bf16 algorithm for one of the passes it runs (e.g. 3 input channels, 1 output channel) gets a
+// widened fp32 plan instead: its calls widen their bf16 operands into fp32 regions of the staging
+// arena, run fp32 (TF32 per options.tf32, the fused bias + ReLU allowed) and round their results
+// into the bf16 outputs (with the bias and ReLU, once). That is decided when the plan is built (a
+// convolution's backward-data pass: when first asked for, since the first layer never runs it)
+// and logged once (options.log); every other shape stays bf16. runs_in_bf16() says which a shape
+// got.
 class ConvEngine {
  public:
   // `workspace` is the backend's one convolution workspace arena: it grows to the largest chosen
@@ -122,14 +125,15 @@ class ConvEngine {
   ConvEngine& operator=(const ConvEngine&) = delete;
 
   // The dp::Backend operations of the same names (semantics there).
-  void conv_forward(const ConvDesc& d, const float* src, const float* weight, const float* bias,
-                    float* dst);
-  void conv_backward(const ConvDesc& d, const float* src, const float* weight, const float* dst,
-                     float* diff_dst, float* diff_src, float* diff_weight, float* diff_bias);
-  void deconv_forward(const DeconvDesc& d, const float* src, const float* weight, const float* bias,
-                      float* dst);
-  void deconv_backward(const DeconvDesc& d, const float* src, const float* weight, const float* dst,
-                       float* diff_dst, float* diff_src, float* diff_weight, float* diff_bias);
+  // Activations (void*) are fp32, or bf16 with options.precision == kBFloat16.
+  void conv_forward(const ConvDesc& d, const void* src, const float* weight, const float* bias,
+                    void* dst);
+  void conv_backward(const ConvDesc& d, const void* src, const float* weight, const void* dst,
+                     void* diff_dst, void* diff_src, float* diff_weight, float* diff_bias);
+  void deconv_forward(const DeconvDesc& d, const void* src, const float* weight, const float* bias,
+                      void* dst);
+  void deconv_backward(const DeconvDesc& d, const void* src, const float* weight, const void* dst,
+                       void* diff_dst, void* diff_src, float* diff_weight, float* diff_bias);
   // Whether the shape's plan (built now if needed) runs on bf16 operands with all its passes
   // (a convolution's backward-data pass probed now too).
   bool runs_in_bf16(const ConvDesc& d);
@@ -148,14 +152,14 @@ class ConvEngine {
   // or with `data_pass_on_use` all but backward-data, which a convolution whose input needs no
   // gradient never runs: probed by conv_backward when first asked for it).
   void build(Plan& p, bool data_pass_on_use);
-  // Chooses a bf16 plan's algorithm for `pass` on its bf16 regions; if cuDNN has none (for a
-  // reason other than memory), logs it and makes the whole plan fp32. False when it did.
+  // Chooses a bf16 plan's algorithm for `pass` on scratch bf16 operands; if cuDNN has none (for
+  // a reason other than memory), logs it and makes the plan a widened fp32 one. False when it did.
   bool keep_bf16(Plan& p, int pass);
 
-  // The passes, on operands of the plan's type: fp32 tensors, or (bf16 plan) the bf16 regions
-  // that operand() / result() hand out. Weights and the filter gradient are always fp32, PyTorch
-  // layout. y = x * w (cross-correlation); with a bias (fp32 only) the bias and ReLU may be fused:
-  // true when they were, else epilogue() must follow.
+  // The passes, on operands of the plan's type: the activations themselves, or (widened plan)
+  // the fp32 regions that operand() / result() hand out. Weights and the filter gradient are
+  // always fp32, PyTorch layout. y = x * w (cross-correlation); with a bias (fp32 plans only) the
+  // bias and ReLU may be fused: true when they were, else epilogue() must add them.
   bool forward(Plan& p, const void* x, const float* w, void* y, const float* bias, bool relu);
   // cudnnConvolutionForward, and cudnnConvolutionBiasActivationForward, with the forward pass's
   // algorithm.
@@ -167,29 +171,32 @@ class ConvEngine {
                        bool relu);
   void backward_data(Plan& p, const float* w, const void* dy, void* dx);
   void backward_filter(Plan& p, const void* x, const void* dy, float* dw);
-  // Operand x (the plan's input side, `Side::kX`) or y as a pass reads it: `t` itself, or (bf16
-  // plan) its bf16 copy, made now. result(): where a pass writes that side: `t`, or the bf16
-  // region.
+  // Side x (the plan's input side) or y of a plan: its pixels and channels.
   enum class Side { kX, kY };
-  const void* operand(Plan& p, Side side, const float* t);
-  void* result(Plan& p, Side side, float* t);
+  static int64_t pixels(const Plan& p, Side side);
+  static int channels(const Plan& p, Side side);
+  // Operand `t` (an activation) as a pass reads it: `t` itself, or (widened plan) its fp32 copy in
+  // the side's staging region, made now. result(): where a pass writes that side: `t`, or the
+  // region.
+  const void* operand(Plan& p, Side side, const void* t);
+  void* result(Plan& p, Side side, void* t);
   // The output gradient of side `side` (kernels::output_grad: masked by dst where given, its bias
-  // gradient where diff_bias); returns what the passes read: diff_dst, or (bf16, when `copy`) its
-  // bf16 copy in the side's region.
-  const void* output_grad(Plan& p, Side side, bool copy, const float* dst, float* diff_dst,
+  // gradient where diff_bias); returns what the passes read: diff_dst, or (widened plan, when
+  // `copy`) its fp32 copy in the side's region.
+  const void* output_grad(Plan& p, Side side, bool copy, const void* dst, void* diff_dst,
                           float* diff_bias);
-  // out = act(r + bias) over pixels x c from a pass's result r (out itself in fp32, widened from
-  // the bf16 region in a bf16 plan); bias may be null (none), act is ReLU when relu.
-  void epilogue(const Plan& p, int64_t pixels, int c, const void* r, float* out, const float* bias,
-                bool relu);
-  // Grows the bf16 arena to the plan's three regions (bf16 plans only; at the start of each
-  // operation).
-  void reserve_lowp(const Plan& p);
+  // out = act(r + bias) over the side from a pass's result r: in place in the activations' type
+  // (r == out), or rounded into the bf16 out from a widened plan's fp32 region; bias may be null
+  // (none), act is ReLU when relu.
+  void epilogue(const Plan& p, Side side, const void* r, void* out, const float* bias, bool relu);
+  // Grows the staging arena to the plan's regions (at the start of each operation), and the
+  // regions: a side's fp32 copy (widened plans), the bf16 filter (bf16 plans).
+  void reserve_stage(const Plan& p);
+  char* stage_region(const Plan& p, Side side) const;
+  __nv_bfloat16* filter_region(const Plan& p) const;
   // The filter as the pass reads it (after ensure): `w` itself, its KRSC copy (made now) for a
   // KRSC pass, or (bf16) its bf16 copy in the pass's layout.
   const void* filter_for(Plan& p, int pass, const float* w);
-  // The filter for the algorithm search of a pass not chosen yet: `w`, or its bf16 copy.
-  const void* probe_filter(Plan& p, const float* w);
   // Chooses the pass's algorithm on its first use (x, w, y: the call's buffers; the pass's output
   // among them is overwritten). try_ensure: false, with the reasons in p.why, when cuDNN offers
   // none; ensure throws dp::Error then.
@@ -205,10 +212,11 @@ class ConvEngine {
   DeviceHeap& heap_;
   Arena& workspace_;
   BackendOptions options_;
-  bool bf16_ = false;  // options_.precision == kBFloat16: plans are bf16 where cuDNN allows
+  bool bf16_ = false;  // options_.precision == kBFloat16: bf16 activations; plans bf16 where
+                       // cuDNN allows
   bool force_krsc_ = false;
   Arena filter_copy_;  // the KRSC filter (or filter gradient) of the current call (fp32)
-  Arena lowp_;         // bf16: the x, filter and y regions of the current call
+  Arena stage_;        // the current call's staged operands (Plan::stage())
   std::map<PlanKey, std::unique_ptr<Plan>> conv_plans_;
   std::map<PlanKey, std::unique_ptr<Plan>> deconv_plans_;
 };

@@ -14,6 +14,10 @@
 // - Reductions accumulate per thread, reduce per block (warp shuffles or shared memory) and end
 //   with one atomicAdd per block and output value into a zeroed result: the order of the
 //   floating-point additions, hence the last bits of a sum, can change from run to run.
+// - Activation kernels are templates over the storage type S of their tensors: float or
+//   __nv_bfloat16, or (vectorised) float4 or Bf16x4 (4 channels). They widen each element to its
+//   compute type (float, float4), compute in fp32 and store the result as S (bf16: rounded to
+//   nearest even, once per op).
 // - nvcc contracts a * b + c into FMAs (its default -fmad=true), so element-wise results may
 //   differ from the CPU backend's in the last bit; batchnorm_prepare avoids contraction on purpose
 //   (its running statistics match the CPU's bit for bit where the CPU build does not contract
@@ -97,6 +101,105 @@ bool aligned16(const P*... p) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Storage types.
+
+// 4 bf16 as one 8-byte word.
+struct alignas(8) Bf16x4 {
+  __nv_bfloat162 lo, hi;
+};
+
+// The compute type of a storage type, and its 4-channel vector.
+template <typename S>
+struct Storage;
+template <>
+struct Storage<float> {
+  using compute = float;
+  using vec4 = float4;
+};
+template <>
+struct Storage<float4> {
+  using compute = float4;
+};
+template <>
+struct Storage<__nv_bfloat16> {
+  using compute = float;
+  using vec4 = Bf16x4;
+};
+template <>
+struct Storage<Bf16x4> {
+  using compute = float4;
+};
+template <typename S>
+using compute_t = typename Storage<S>::compute;
+template <typename S>
+using vec4_t = typename Storage<S>::vec4;
+
+__device__ __forceinline__ Bf16x4 to_bf16x4(float4 v) {
+  return {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
+}
+__device__ __forceinline__ float4 from_bf16x4(Bf16x4 v) {
+  const float2 lo = __bfloat1622float2(v.lo), hi = __bfloat1622float2(v.hi);
+  return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+// A stored element as its compute type (exact).
+__device__ __forceinline__ float widen(float v) {
+  return v;
+}
+__device__ __forceinline__ float4 widen(float4 v) {
+  return v;
+}
+__device__ __forceinline__ float widen(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+__device__ __forceinline__ float4 widen(Bf16x4 v) {
+  return from_bf16x4(v);
+}
+
+// A computed value stored as S (bf16: rounded to nearest even, NaN kept, beyond range +-inf).
+template <typename S>
+__device__ __forceinline__ S store_as(compute_t<S> v);
+template <>
+__device__ __forceinline__ float store_as<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ float4 store_as<float4>(float4 v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 store_as<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <>
+__device__ __forceinline__ Bf16x4 store_as<Bf16x4>(float4 v) {
+  return to_bf16x4(v);
+}
+
+// Whether every pointer suits the 4-channel vector of storage type S (16 bytes for float4, 8 for
+// Bf16x4).
+template <typename S, typename... P>
+bool aligned_vec4(const P*... p) {
+  return ((reinterpret_cast<uintptr_t>(p) % alignof(vec4_t<S>) == 0) && ...);
+}
+template <typename S, typename P>
+const vec4_t<S>* as_vec4(const P* p) {
+  return reinterpret_cast<const vec4_t<S>*>(p);
+}
+template <typename S, typename P>
+vec4_t<S>* as_vec4(P* p) {
+  return reinterpret_cast<vec4_t<S>*>(p);
+}
+template <typename P>
+const float4* as_float4(const P* p) {
+  return reinterpret_cast<const float4*>(p);
+}
+template <typename P>
+float4* as_float4(P* p) {
+  return reinterpret_cast<float4*>(p);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Block reductions.
 
 // Sum of v over the block (blockDim.x == kBlockSize, 1-D); the result is valid in thread 0.
@@ -142,33 +245,23 @@ __device__ void channel_block_sum(const T (&acc)[V], T* out, int c, int k) {
 // ---------------------------------------------------------------------------------------------
 // Element-wise kernels.
 
-__global__ void add_kernel(int64_t n, const float* a, const float* b, bool relu, float* dst) {
+template <typename S>
+__global__ void add_kernel(int64_t n, const S* a, const S* b, bool relu, S* dst) {
   DP_GRID_STRIDE(i, n) {
-    const float v = a[i] + b[i];
-    dst[i] = relu ? fmaxf(v, 0.0f) : v;
+    const float v = widen(a[i]) + widen(b[i]);
+    dst[i] = store_as<S>(relu ? fmaxf(v, 0.0f) : v);
   }
 }
 
-__global__ void relu_kernel(int64_t n, const float* src, float* dst) {
-  DP_GRID_STRIDE(i, n) {
-    const float v = src[i];
-    dst[i] = v > 0.0f ? v : 0.0f;
-  }
+// S scalar or a 4-channel vector (the launcher runs the scalar kernel over the remainder).
+template <typename S>
+__global__ void relu_backward_kernel(int64_t n, const S* dst, const S* diff_dst, S* diff_src) {
+  DP_GRID_STRIDE(i, n) diff_src[i] = store_as<S>(relu_mask(widen(dst[i]), widen(diff_dst[i])));
 }
 
-__global__ void relu_backward_kernel(int64_t n, const float* dst, const float* diff_dst,
-                                     float* diff_src) {
-  DP_GRID_STRIDE(i, n) diff_src[i] = relu_mask(dst[i], diff_dst[i]);
-}
-
-// The same over n4 groups of 4 (the launcher runs the scalar kernel over the remainder).
-__global__ void relu_backward4_kernel(int64_t n4, const float4* dst, const float4* diff_dst,
-                                      float4* diff_src) {
-  DP_GRID_STRIDE(i, n4) diff_src[i] = relu_mask(dst[i], diff_dst[i]);
-}
-
-__global__ void accumulate_kernel(int64_t n, const float* src, float* dst) {
-  DP_GRID_STRIDE(i, n) dst[i] += src[i];
+template <typename S>
+__global__ void accumulate_kernel(int64_t n, const S* src, S* dst) {
+  DP_GRID_STRIDE(i, n) dst[i] = store_as<S>(widen(dst[i]) + widen(src[i]));
 }
 
 __global__ void scale_kernel(int64_t n, float alpha, float* dst) {
@@ -185,73 +278,29 @@ __global__ void sum_squares_kernel(int64_t n, const float* src, double* result) 
   if (threadIdx.x == 0) atomicAdd(result, sum);
 }
 
-// T = float4: c counts groups of 4 channels.
-template <typename T>
-__global__ void bias_relu_kernel(int64_t pixels, int c, const T* bias, bool relu, T* dst) {
-  const int k = blockIdx.x * blockDim.x + threadIdx.x;
-  if (k >= c) return;
-  const T b = bias[k];
-  DP_PIXEL_STRIDE(int64_t, p, pixels) {
-    T* y = dst + p * c + k;
-    const T v = *y + b;
-    *y = relu ? relu_of(v) : v;
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
-// bf16 conversions.
+// Conversions between storage types, with the convolutions' epilogue (bias, ReLU).
 
-__global__ void to_bf16_kernel(int64_t n, const float* src, __nv_bfloat16* dst) {
-  DP_GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
-}
-
-// 4 bf16 as one 8-byte word.
-struct alignas(8) Bf16x4 {
-  __nv_bfloat162 lo, hi;
-};
-
-__device__ __forceinline__ Bf16x4 to_bf16x4(float4 v) {
-  return {__floats2bfloat162_rn(v.x, v.y), __floats2bfloat162_rn(v.z, v.w)};
-}
-__device__ __forceinline__ float4 from_bf16x4(Bf16x4 v) {
-  const float2 lo = __bfloat1622float2(v.lo), hi = __bfloat1622float2(v.hi);
-  return make_float4(lo.x, lo.y, hi.x, hi.y);
-}
-__device__ __forceinline__ float widen(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-__device__ __forceinline__ float4 widen(Bf16x4 v) {
-  return from_bf16x4(v);
-}
-
-__global__ void to_bf16x4_kernel(int64_t n4, const float4* src, Bf16x4* dst) {
-  DP_GRID_STRIDE(i, n4) dst[i] = to_bf16x4(src[i]);
-}
-
-__global__ void from_bf16_kernel(int64_t n, const __nv_bfloat16* src, bool relu, float* dst) {
+// dst[i] = act(widen(src[i])) stored as Out (In, Out: scalar or 4-channel vectors of one compute
+// type). May run in place when In == Out.
+template <typename In, typename Out>
+__global__ void convert_kernel(int64_t n, const In* src, bool relu, Out* dst) {
   DP_GRID_STRIDE(i, n) {
-    const float v = __bfloat162float(src[i]);
-    dst[i] = relu ? fmaxf(v, 0.0f) : v;
+    const compute_t<Out> v = widen(src[i]);
+    dst[i] = store_as<Out>(relu ? relu_of(v) : v);
   }
 }
 
-__global__ void from_bf16x4_kernel(int64_t n4, const Bf16x4* src, bool relu, float4* dst) {
-  DP_GRID_STRIDE(i, n4) {
-    const float4 v = from_bf16x4(src[i]);
-    dst[i] = relu ? relu_of(v) : v;
-  }
-}
-
-// T = float: channel k; T = float4 (B = Bf16x4): channels 4k .. 4k+3 (c counts groups).
-template <typename T, typename B>
-__global__ void from_bf16_bias_kernel(int64_t pixels, int c, const B* src, const T* bias, bool relu,
-                                      T* dst) {
+// The same with a per-channel bias over NHWC [pixels, c] (c counts 4-channel groups for vectors).
+template <typename In, typename Out>
+__global__ void convert_bias_kernel(int64_t pixels, int c, const In* src,
+                                    const compute_t<Out>* bias, bool relu, Out* dst) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= c) return;
-  const T b = bias[k];
+  const compute_t<Out> b = bias[k];
   DP_PIXEL_STRIDE(int64_t, p, pixels) {
-    const T v = widen(src[p * c + k]) + b;
-    dst[p * c + k] = relu ? relu_of(v) : v;
+    const compute_t<Out> v = widen(src[p * c + k]) + b;
+    dst[p * c + k] = store_as<Out>(relu ? relu_of(v) : v);
   }
 }
 
@@ -275,12 +324,6 @@ __device__ void channel_block_sum4(float4 acc, float* out, int c4, int k) {
   }
 }
 
-__device__ __forceinline__ __nv_bfloat16 narrow(float v) {
-  return __float2bfloat16_rn(v);
-}
-__device__ __forceinline__ Bf16x4 narrow(float4 v) {
-  return to_bf16x4(v);
-}
 __device__ __forceinline__ void block_sum_into(float acc, float* out, int c, int k) {
   const float a[1] = {acc};
   channel_block_sum(a, out, c, k);
@@ -289,23 +332,24 @@ __device__ __forceinline__ void block_sum_into(float4 acc, float* out, int c4, i
   channel_block_sum4(acc, out, c4, k);
 }
 
-// A convolution's output gradient in one pass over it (T = float4: c counts groups of 4
-// channels): g = diff_dst masked by dst > 0 (where dst, written back to diff_dst), diff_bias +=
-// the sum of g over pixels (where diff_bias; zeroed by the launcher), lowp = bf16(g) (where lowp).
-template <typename T, typename B>
-__global__ void output_grad_kernel(int64_t pixels, int c, const T* dst, T* diff_dst,
-                                   float* diff_bias, B* lowp) {
+// A convolution's output gradient in one pass over it (S a 4-channel vector: c counts groups):
+// g = diff_dst masked by dst > 0 (where dst, written back to diff_dst), diff_bias += the sum of g
+// over pixels (where diff_bias; zeroed by the launcher), copy = g as C (where copy).
+template <typename S, typename C>
+__global__ void output_grad_kernel(int64_t pixels, int c, const S* dst, S* diff_dst,
+                                   float* diff_bias, C* copy) {
+  using T = compute_t<S>;
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   T acc = zero_value<T>();
   if (k < c) {
     DP_PIXEL_STRIDE(int64_t, p, pixels) {
       const int64_t i = p * c + k;
-      T g = diff_dst[i];
+      T g = widen(diff_dst[i]);
       if (dst != nullptr) {
-        g = relu_mask(dst[i], g);
-        diff_dst[i] = g;
+        g = relu_mask(widen(dst[i]), g);
+        diff_dst[i] = store_as<S>(g);  // exact: g is a stored value or zero
       }
-      if (lowp != nullptr) lowp[i] = narrow(g);
+      if (copy != nullptr) copy[i] = store_as<C>(g);
       acc = acc + g;
     }
   }
@@ -331,12 +375,13 @@ __global__ void filter_from_bf16_kernel(int64_t n, int c, int rs, const __nv_bfl
 // ---------------------------------------------------------------------------------------------
 // Batch norm.
 
-__global__ void batchnorm_stats_kernel(int64_t pixels, int c, const float* src, double* sums) {
+template <typename S>
+__global__ void batchnorm_stats_kernel(int64_t pixels, int c, const S* src, double* sums) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   double acc[2] = {0.0, 0.0};
   if (k < c) {
     DP_PIXEL_STRIDE(int64_t, p, pixels) {
-      const double x = src[p * c + k];
+      const double x = widen(src[p * c + k]);
       acc[0] += x;
       acc[1] += x * x;
     }
@@ -369,23 +414,24 @@ __global__ void batchnorm_prepare_kernel(int64_t c, bool training, const double*
   }
 }
 
-__global__ void batchnorm_apply_kernel(int64_t pixels, int c, const float* src, const float* mean,
+template <typename S>
+__global__ void batchnorm_apply_kernel(int64_t pixels, int c, const S* src, const float* mean,
                                        const float* invstd, const float* gamma, const float* beta,
-                                       bool relu, float* dst) {
+                                       bool relu, S* dst) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= c) return;
   const float m = mean[k], is = invstd[k], g = gamma[k], b = beta[k];
   DP_PIXEL_STRIDE(int64_t, p, pixels) {
     const int64_t i = p * c + k;
-    const float v = g * (src[i] - m) * is + b;
-    dst[i] = relu ? fmaxf(v, 0.0f) : v;
+    const float v = g * (widen(src[i]) - m) * is + b;
+    dst[i] = store_as<S>(relu ? fmaxf(v, 0.0f) : v);
   }
 }
 
-__global__ void batchnorm_backward_stats_kernel(int64_t pixels, int c, const float* src,
-                                                const float* dst, bool relu, float* diff_dst,
-                                                const float* mean, const float* invstd,
-                                                double* sums) {
+template <typename S>
+__global__ void batchnorm_backward_stats_kernel(int64_t pixels, int c, const S* src, const S* dst,
+                                                bool relu, S* diff_dst, const float* mean,
+                                                const float* invstd, double* sums) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   double acc[2] = {0.0, 0.0};
   if (k < c) {
@@ -393,13 +439,13 @@ __global__ void batchnorm_backward_stats_kernel(int64_t pixels, int c, const flo
     const double is = invstd[k];
     DP_PIXEL_STRIDE(int64_t, p, pixels) {
       const int64_t i = p * c + k;
-      float dy = diff_dst[i];
+      float dy = widen(diff_dst[i]);
       if (relu) {
-        if (!(dst[i] > 0.0f)) dy = 0.0f;
-        diff_dst[i] = dy;
+        if (!(widen(dst[i]) > 0.0f)) dy = 0.0f;
+        diff_dst[i] = store_as<S>(dy);  // exact
       }
       acc[0] += dy;
-      acc[1] += static_cast<double>(dy) * static_cast<double>(src[i] - m) * is;
+      acc[1] += static_cast<double>(dy) * static_cast<double>(widen(src[i]) - m) * is;
     }
   }
   channel_block_sum(acc, sums, c, k);
@@ -413,11 +459,12 @@ __global__ void batchnorm_param_grads_kernel(int64_t c, const double* sums, floa
   }
 }
 
-__global__ void batchnorm_backward_apply_kernel(int64_t pixels, int c, const float* src,
-                                                const float* diff_dst, const float* mean,
+template <typename S>
+__global__ void batchnorm_backward_apply_kernel(int64_t pixels, int c, const S* src,
+                                                const S* diff_dst, const float* mean,
                                                 const float* invstd, const float* gamma,
                                                 const double* sums, double count, bool training,
-                                                float* diff_src, bool accumulate) {
+                                                S* diff_src, bool accumulate) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= c) return;
   const float m = mean[k], is = invstd[k];
@@ -426,9 +473,9 @@ __global__ void batchnorm_backward_apply_kernel(int64_t pixels, int c, const flo
   const float mean_dy_xhat = training ? static_cast<float>(sums[c + k] / count) : 0.0f;
   DP_PIXEL_STRIDE(int64_t, p, pixels) {
     const int64_t i = p * c + k;
-    const float xhat = (src[i] - m) * is;
-    const float v = g_is * (diff_dst[i] - mean_dy - xhat * mean_dy_xhat);
-    diff_src[i] = accumulate ? diff_src[i] + v : v;
+    const float xhat = (widen(src[i]) - m) * is;
+    const float v = g_is * (widen(diff_dst[i]) - mean_dy - xhat * mean_dy_xhat);
+    diff_src[i] = store_as<S>(accumulate ? widen(diff_src[i]) + v : v);
   }
 }
 
@@ -458,25 +505,25 @@ __global__ void dropout_mask_kernel(int64_t rows, int c, float p, float keep_sca
 }
 
 // dst[p, k] = src[p, k] * mask[p / hw, k].
-template <typename I>
-__global__ void channel_mask_kernel(I pixels, int c, I hw, const float* mask, const float* src,
-                                    float* dst) {
+template <typename I, typename S>
+__global__ void channel_mask_kernel(I pixels, int c, I hw, const float* mask, const S* src,
+                                    S* dst) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= c) return;
   DP_PIXEL_STRIDE(I, p, pixels) {
     const int64_t i = static_cast<int64_t>(p) * c + k;
-    dst[i] = src[i] * mask[static_cast<int64_t>(p / hw) * c + k];
+    dst[i] = store_as<S>(widen(src[i]) * mask[static_cast<int64_t>(p / hw) * c + k]);
   }
 }
 
-void apply_channel_mask(cudaStream_t s, const Shape& d, const float* mask, const float* src,
-                        float* dst) {
+template <typename S>
+void apply_channel_mask(cudaStream_t s, const Shape& d, const float* mask, const S* src, S* dst) {
   const int64_t pixels = d.pixels();
   if (pixels == 0 || d.c == 0) return;
   const auto cg = channel_grid(pixels, d.c, kMaxBlocks);
   with_index_type(pixels, [&](auto tag) {
     using I = decltype(tag);
-    channel_mask_kernel<I><<<cg.grid, cg.block, 0, s>>>(
+    channel_mask_kernel<I, S><<<cg.grid, cg.block, 0, s>>>(
         static_cast<I>(pixels), d.c, static_cast<I>(int64_t{d.h} * d.w), mask, src, dst);
   });
   DP_CUDA_CHECK(cudaGetLastError());
@@ -504,42 +551,42 @@ __device__ __forceinline__ float4 routed(uchar4 which, unsigned j, float4 g) {
 }
 
 // Over dst pixels q = (n * oh + oy) * ow + ox; the top-left source pixel is (2 r) * w + 2 ox with
-// r = q / ow (since h = 2 oh). T = float4 with A = uchar4: c counts groups of 4 channels (argmax
-// bytes likewise).
-template <typename I, typename T, typename A>
-__global__ void maxpool_forward_kernel(I dst_pixels, int c, I w, I ow, const T* src, T* dst,
+// r = q / ow (since h = 2 oh). S a 4-channel vector with A = uchar4: c counts groups of 4
+// channels (argmax bytes likewise). The maximum is one of the inputs: stored back exactly.
+template <typename I, typename S, typename A>
+__global__ void maxpool_forward_kernel(I dst_pixels, int c, I w, I ow, const S* src, S* dst,
                                        A* argmax) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= c) return;
   const int64_t row = static_cast<int64_t>(w) * c;
   DP_PIXEL_STRIDE(I, q, dst_pixels) {
     const I r = q / ow, ox = q - r * ow;
-    const T* p00 = src + static_cast<int64_t>(2 * r * w + 2 * ox) * c + k;
+    const S* p00 = src + static_cast<int64_t>(2 * r * w + 2 * ox) * c + k;
     // First maximum in scan order wins, as in PyTorch (and the CPU backend).
-    T best = p00[0];
+    compute_t<S> best = widen(p00[0]);
     A which{};
-    pool_max(best, which, p00[c], 1);
-    pool_max(best, which, p00[row], 2);
-    pool_max(best, which, p00[row + c], 3);
+    pool_max(best, which, widen(p00[c]), 1);
+    pool_max(best, which, widen(p00[row]), 2);
+    pool_max(best, which, widen(p00[row + c]), 3);
     const int64_t o = static_cast<int64_t>(q) * c + k;
-    dst[o] = best;
+    dst[o] = store_as<S>(best);
     argmax[o] = which;
   }
 }
 
 // A gather over src pixels sp = (n * h + y) * w + x: each reads its one dst element.
-template <typename I, typename T, typename A>
+template <typename I, typename S, typename A>
 __global__ void maxpool_backward_kernel(I src_pixels, int c, I w, I ow, const A* argmax,
-                                        const T* diff_dst, T* diff_src, bool accumulate) {
+                                        const S* diff_dst, S* diff_src, bool accumulate) {
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= c) return;
   DP_PIXEL_STRIDE(I, sp, src_pixels) {
     const I yrow = sp / w, x = sp - yrow * w;  // yrow = n * h + y; h even: y % 2 == yrow % 2
     const int64_t o = static_cast<int64_t>(yrow / 2 * ow + x / 2) * c + k;
     const unsigned j = static_cast<unsigned>((yrow & 1) * 2 + (x & 1));
-    const T v = routed(argmax[o], j, diff_dst[o]);
+    const compute_t<S> v = routed(argmax[o], j, widen(diff_dst[o]));
     const int64_t i = static_cast<int64_t>(sp) * c + k;
-    diff_src[i] = accumulate ? diff_src[i] + v : v;
+    diff_src[i] = store_as<S>(accumulate ? widen(diff_src[i]) + v : v);
   }
 }
 
@@ -577,9 +624,10 @@ __device__ __forceinline__ float gather_weight(int o, int i, int in) {
 // of output rows 2j and 2j + 1 read rows (jm, j) and (j, jp) exactly (upsample_tap: the border
 // taps read one row twice, the second time with weight 0); columns likewise. Each output is the
 // CPU backend's expression ty.w0 (tx.w0 a + tx.w1 b) + ty.w1 (tx.w0 d + tx.w1 e).
-// T = float4: c counts groups of 4 channels.
-template <typename I, typename T>
-__global__ void upsample_forward_kernel(I src_pixels, int c, int h, int w, const T* src, T* dst) {
+// S a 4-channel vector: c counts groups of 4 channels.
+template <typename I, typename S>
+__global__ void upsample_forward_kernel(I src_pixels, int c, int h, int w, const S* src, S* dst) {
+  using T = compute_t<S>;
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= c) return;
   const I hh = static_cast<I>(h), ww = static_cast<I>(w);
@@ -590,26 +638,31 @@ __global__ void upsample_forward_kernel(I src_pixels, int c, int h, int w, const
     const Tap tx0 = upsample_tap(2 * i, w), tx1 = upsample_tap(2 * i + 1, w);
     const int jm = j > 0 ? j - 1 : 0, jp = j + 1 < h ? j + 1 : j;
     const int im = i > 0 ? i - 1 : 0, ip = i + 1 < w ? i + 1 : i;
-    const T* image = src + static_cast<int64_t>(n) * h * w * c + k;
-    auto at = [&](int y, int x) { return image[(static_cast<int64_t>(y) * w + x) * c]; };
+    const S* image = src + static_cast<int64_t>(n) * h * w * c + k;
+    auto at = [&](int y, int x) { return widen(image[(static_cast<int64_t>(y) * w + x) * c]); };
     const T s00 = at(jm, im), s01 = at(jm, i), s02 = at(jm, ip);
     const T s10 = at(j, im), s11 = at(j, i), s12 = at(j, ip);
     const T s20 = at(jp, im), s21 = at(jp, i), s22 = at(jp, ip);
     const int64_t ow = 2 * int64_t{w};
-    T* out = dst + ((static_cast<int64_t>(n) * 2 * h + 2 * j) * ow + 2 * i) * c + k;
-    out[0] = ty0.w0 * (tx0.w0 * s00 + tx0.w1 * s01) + ty0.w1 * (tx0.w0 * s10 + tx0.w1 * s11);
-    out[c] = ty0.w0 * (tx1.w0 * s01 + tx1.w1 * s02) + ty0.w1 * (tx1.w0 * s11 + tx1.w1 * s12);
+    S* out = dst + ((static_cast<int64_t>(n) * 2 * h + 2 * j) * ow + 2 * i) * c + k;
+    out[0] = store_as<S>(ty0.w0 * (tx0.w0 * s00 + tx0.w1 * s01) +
+                         ty0.w1 * (tx0.w0 * s10 + tx0.w1 * s11));
+    out[c] = store_as<S>(ty0.w0 * (tx1.w0 * s01 + tx1.w1 * s02) +
+                         ty0.w1 * (tx1.w0 * s11 + tx1.w1 * s12));
     out += ow * c;
-    out[0] = ty1.w0 * (tx0.w0 * s10 + tx0.w1 * s11) + ty1.w1 * (tx0.w0 * s20 + tx0.w1 * s21);
-    out[c] = ty1.w0 * (tx1.w0 * s11 + tx1.w1 * s12) + ty1.w1 * (tx1.w0 * s21 + tx1.w1 * s22);
+    out[0] = store_as<S>(ty1.w0 * (tx0.w0 * s10 + tx0.w1 * s11) +
+                         ty1.w1 * (tx0.w0 * s20 + tx0.w1 * s21));
+    out[c] = store_as<S>(ty1.w0 * (tx1.w0 * s11 + tx1.w1 * s12) +
+                         ty1.w1 * (tx1.w0 * s21 + tx1.w1 * s22));
   }
 }
 
 // The transpose as a gather over src pixels sp = (n * h + iy) * w + ix: each input gradient sums
 // its (at most 4 x 4) contributions in the CPU backend's order. Overwrites diff_src.
-template <typename I, typename T>
-__global__ void upsample_backward_kernel(I src_pixels, int c, int h, int w, const T* diff_dst,
-                                         T* diff_src) {
+template <typename I, typename S>
+__global__ void upsample_backward_kernel(I src_pixels, int c, int h, int w, const S* diff_dst,
+                                         S* diff_src) {
+  using T = compute_t<S>;
   const int k = blockIdx.x * blockDim.x + threadIdx.x;
   if (k >= c) return;
   const I hh = static_cast<I>(h), ww = static_cast<I>(w);
@@ -618,7 +671,7 @@ __global__ void upsample_backward_kernel(I src_pixels, int c, int h, int w, cons
     const I r = sp / ww, n = r / hh;
     const int iy = static_cast<int>(r - n * hh), ix = static_cast<int>(sp - r * ww);
     const int x_first = gather_first(ix), x_last = gather_last(ix, w);
-    const T* image = diff_dst + static_cast<int64_t>(n) * 2 * h * ow * c + k;
+    const S* image = diff_dst + static_cast<int64_t>(n) * 2 * h * ow * c + k;
     // The (at most 4) column weights once per input pixel, in registers (unrolled: constant
     // indices); 0 past x_last.
     float wx[4];
@@ -630,20 +683,20 @@ __global__ void upsample_backward_kernel(I src_pixels, int c, int h, int w, cons
     for (int oy = gather_first(iy); oy <= gather_last(iy, h); ++oy) {
       const float wy = gather_weight(oy, iy, h);
       if (wy == 0.0f) continue;
-      const T* row = image + (oy * ow + x_first) * c;
+      const S* row = image + (oy * ow + x_first) * c;
 #pragma unroll
       for (int t = 0; t < 4; ++t)
-        if (wx[t] != 0.0f) dx = dx + (wy * wx[t]) * row[int64_t{t} * c];
+        if (wx[t] != 0.0f) dx = dx + (wy * wx[t]) * widen(row[int64_t{t} * c]);
     }
-    diff_src[static_cast<int64_t>(sp) * c + k] = dx;
+    diff_src[static_cast<int64_t>(sp) * c + k] = store_as<S>(dx);
   }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Concat along channels.
 
-// c = ca + cb channels in dst.
-// T = float4: c and cb count groups of 4 channels.
+// c = ca + cb channels in dst. Moves elements as they are stored (T: float, __nv_bfloat16, or a
+// 4-channel vector: c and cb count groups of 4 channels).
 template <typename T>
 __global__ void concat_forward_kernel(int64_t pixels, int c, int cb, const T* a, const T* b,
                                       T* dst) {
@@ -767,29 +820,26 @@ void zero(cudaStream_t s, void* p, size_t bytes) {
 // ---------------------------------------------------------------------------------------------
 // Launchers.
 
-void add_forward(cudaStream_t s, int64_t count, const float* a, const float* b, bool relu,
-                 float* dst) {
-  launch_1d(s, count, kMaxBlocks, add_kernel, a, b, relu, dst);
+template <typename S>
+void add_forward(cudaStream_t s, int64_t count, const S* a, const S* b, bool relu, S* dst) {
+  launch_1d(s, count, kMaxBlocks, add_kernel<S>, a, b, relu, dst);
 }
 
-void relu_forward(cudaStream_t s, int64_t count, const float* src, float* dst) {
-  launch_1d(s, count, kMaxBlocks, relu_kernel, src, dst);
-}
-
-void relu_backward(cudaStream_t s, int64_t count, const float* dst, const float* diff_dst,
-                   float* diff_src) {
+template <typename S>
+void relu_backward(cudaStream_t s, int64_t count, const S* dst, const S* diff_dst, S* diff_src) {
   int64_t done = 0;
-  if (aligned16(dst, diff_dst, diff_src)) {
+  if (aligned_vec4<S>(dst, diff_dst, diff_src)) {
     done = count / 4 * 4;
-    launch_1d(s, count / 4, kMaxBlocks, relu_backward4_kernel, reinterpret_cast<const float4*>(dst),
-              reinterpret_cast<const float4*>(diff_dst), reinterpret_cast<float4*>(diff_src));
+    launch_1d(s, count / 4, kMaxBlocks, relu_backward_kernel<vec4_t<S>>, as_vec4<S>(dst),
+              as_vec4<S>(diff_dst), as_vec4<S>(diff_src));
   }
-  launch_1d(s, count - done, kMaxBlocks, relu_backward_kernel, dst + done, diff_dst + done,
+  launch_1d(s, count - done, kMaxBlocks, relu_backward_kernel<S>, dst + done, diff_dst + done,
             diff_src + done);
 }
 
-void accumulate(cudaStream_t s, int64_t count, const float* src, float* dst) {
-  launch_1d(s, count, kMaxBlocks, accumulate_kernel, src, dst);
+template <typename S>
+void accumulate(cudaStream_t s, int64_t count, const S* src, S* dst) {
+  launch_1d(s, count, kMaxBlocks, accumulate_kernel<S>, src, dst);
 }
 
 void scale(cudaStream_t s, int64_t count, float alpha, float* dst) {
@@ -801,62 +851,42 @@ void sum_squares(cudaStream_t s, int64_t count, const float* src, double* result
   launch_1d(s, count, kReduceBlocks, sum_squares_kernel, src, result);
 }
 
-void bias_relu(cudaStream_t s, int64_t pixels, int c, const float* bias, bool relu, float* dst) {
-  if (c % 4 == 0 && aligned16(bias, dst))
-    launch_channels(s, pixels, c / 4, kMaxBlocks, bias_relu_kernel<float4>,
-                    reinterpret_cast<const float4*>(bias), relu, reinterpret_cast<float4*>(dst));
-  else
-    launch_channels(s, pixels, c, kMaxBlocks, bias_relu_kernel<float>, bias, relu, dst);
-}
-
-void output_grad(cudaStream_t s, int64_t pixels, int c, const float* dst, float* diff_dst,
-                 float* diff_bias, __nv_bfloat16* lowp) {
-  if (pixels <= 0 || c <= 0 || (dst == nullptr && diff_bias == nullptr && lowp == nullptr)) return;
-  if (diff_bias != nullptr) zero(s, diff_bias, sizeof(float) * static_cast<size_t>(c));
-  // Reductions keep to kReduceBlocks (few atomics); the other cases fill the GPU.
-  const size_t blocks = diff_bias != nullptr ? kReduceBlocks : kMaxBlocks;
-  if (c % 4 == 0 && aligned16(dst, diff_dst) &&
-      reinterpret_cast<uintptr_t>(lowp) % alignof(Bf16x4) == 0)
-    launch_channels(s, pixels, c / 4, blocks, output_grad_kernel<float4, Bf16x4>,
-                    reinterpret_cast<const float4*>(dst), reinterpret_cast<float4*>(diff_dst),
-                    diff_bias, reinterpret_cast<Bf16x4*>(lowp));
-  else
-    launch_channels(s, pixels, c, blocks, output_grad_kernel<float, __nv_bfloat16>, dst, diff_dst,
-                    diff_bias, lowp);
-}
-
-void to_bf16(cudaStream_t s, int64_t count, const float* src, __nv_bfloat16* dst) {
-  int64_t done = 0;
-  if (aligned16(src) && reinterpret_cast<uintptr_t>(dst) % alignof(Bf16x4) == 0) {
-    done = count / 4 * 4;
-    launch_1d(s, count / 4, kMaxBlocks, to_bf16x4_kernel, reinterpret_cast<const float4*>(src),
-              reinterpret_cast<Bf16x4*>(dst));
-  }
-  launch_1d(s, count - done, kMaxBlocks, to_bf16_kernel, src + done, dst + done);
-}
-
-void from_bf16(cudaStream_t s, int64_t pixels, int c, const __nv_bfloat16* src, const float* bias,
-               bool relu, float* dst) {
+template <typename In, typename Out>
+void convert(cudaStream_t s, int64_t pixels, int c, const In* src, const float* bias, bool relu,
+             Out* dst) {
   if (pixels <= 0 || c <= 0) return;
-  const bool v4 = aligned16(dst) && reinterpret_cast<uintptr_t>(src) % alignof(Bf16x4) == 0;
+  const bool v4 = aligned_vec4<In>(src) && aligned_vec4<Out>(dst);
   if (bias != nullptr) {
     if (v4 && c % 4 == 0 && aligned16(bias))
-      launch_channels(s, pixels, c / 4, kMaxBlocks, from_bf16_bias_kernel<float4, Bf16x4>,
-                      reinterpret_cast<const Bf16x4*>(src), reinterpret_cast<const float4*>(bias),
-                      relu, reinterpret_cast<float4*>(dst));
+      launch_channels(s, pixels, c / 4, kMaxBlocks, convert_bias_kernel<vec4_t<In>, vec4_t<Out>>,
+                      as_vec4<In>(src), as_float4(bias), relu, as_vec4<Out>(dst));
     else
-      launch_channels(s, pixels, c, kMaxBlocks, from_bf16_bias_kernel<float, __nv_bfloat16>, src,
-                      bias, relu, dst);
+      launch_channels(s, pixels, c, kMaxBlocks, convert_bias_kernel<In, Out>, src, bias, relu, dst);
     return;
   }
   const int64_t count = pixels * c;
   int64_t done = 0;
   if (v4) {
     done = count / 4 * 4;
-    launch_1d(s, count / 4, kMaxBlocks, from_bf16x4_kernel, reinterpret_cast<const Bf16x4*>(src),
-              relu, reinterpret_cast<float4*>(dst));
+    launch_1d(s, count / 4, kMaxBlocks, convert_kernel<vec4_t<In>, vec4_t<Out>>, as_vec4<In>(src),
+              relu, as_vec4<Out>(dst));
   }
-  launch_1d(s, count - done, kMaxBlocks, from_bf16_kernel, src + done, relu, dst + done);
+  launch_1d(s, count - done, kMaxBlocks, convert_kernel<In, Out>, src + done, relu, dst + done);
+}
+
+template <typename S>
+void output_grad(cudaStream_t s, int64_t pixels, int c, const S* dst, S* diff_dst, float* diff_bias,
+                 float* copy) {
+  if (pixels <= 0 || c <= 0 || (dst == nullptr && diff_bias == nullptr && copy == nullptr)) return;
+  if (diff_bias != nullptr) zero(s, diff_bias, sizeof(float) * static_cast<size_t>(c));
+  // Reductions keep to kReduceBlocks (few atomics); the other cases fill the GPU.
+  const size_t blocks = diff_bias != nullptr ? kReduceBlocks : kMaxBlocks;
+  if (c % 4 == 0 && aligned_vec4<S>(dst, diff_dst) && aligned16(copy))
+    launch_channels(s, pixels, c / 4, blocks, output_grad_kernel<vec4_t<S>, float4>,
+                    as_vec4<S>(dst), as_vec4<S>(diff_dst), diff_bias, as_float4(copy));
+  else
+    launch_channels(s, pixels, c, blocks, output_grad_kernel<S, float>, dst, diff_dst, diff_bias,
+                    copy);
 }
 
 void filter_to_bf16(cudaStream_t s, int k, int c, int rs, const float* src, bool krsc,
@@ -871,10 +901,11 @@ void filter_from_bf16(cudaStream_t s, int k, int c, int rs, const __nv_bfloat16*
   launch_1d(s, int64_t{k} * c * rs, kMaxBlocks, filter_from_bf16_kernel, c, rs, src, krsc, dst);
 }
 
-void batchnorm_stats(cudaStream_t s, const Shape& d, const float* src, double* sums) {
+template <typename S>
+void batchnorm_stats(cudaStream_t s, const Shape& d, const S* src, double* sums) {
   if (d.c <= 0) return;
   zero(s, sums, 2 * sizeof(double) * static_cast<size_t>(d.c));
-  launch_channels(s, d.pixels(), d.c, kReduceBlocks, batchnorm_stats_kernel, src, sums);
+  launch_channels(s, d.pixels(), d.c, kReduceBlocks, batchnorm_stats_kernel<S>, src, sums);
 }
 
 void batchnorm_prepare(cudaStream_t s, int channels, bool training, const double* sums,
@@ -886,33 +917,37 @@ void batchnorm_prepare(cudaStream_t s, int channels, bool training, const double
             unbias, running_mean, running_var, mean, invstd);
 }
 
-void batchnorm_apply(cudaStream_t s, const Shape& d, const float* src, const float* mean,
+template <typename S>
+void batchnorm_apply(cudaStream_t s, const Shape& d, const S* src, const float* mean,
                      const float* invstd, const float* gamma, const float* beta, bool relu,
-                     float* dst) {
-  launch_channels(s, d.pixels(), d.c, kMaxBlocks, batchnorm_apply_kernel, src, mean, invstd, gamma,
-                  beta, relu, dst);
+                     S* dst) {
+  launch_channels(s, d.pixels(), d.c, kMaxBlocks, batchnorm_apply_kernel<S>, src, mean, invstd,
+                  gamma, beta, relu, dst);
 }
 
-void batchnorm_backward_stats(cudaStream_t s, const Shape& d, const float* src, const float* dst,
-                              bool relu, float* diff_dst, const float* mean, const float* invstd,
-                              double* sums, float* diff_gamma, float* diff_beta) {
+template <typename S>
+void batchnorm_backward_stats(cudaStream_t s, const Shape& d, const S* src, const S* dst, bool relu,
+                              S* diff_dst, const float* mean, const float* invstd, double* sums,
+                              float* diff_gamma, float* diff_beta) {
   if (d.c <= 0) return;
   zero(s, sums, 2 * sizeof(double) * static_cast<size_t>(d.c));
-  launch_channels(s, d.pixels(), d.c, kReduceBlocks, batchnorm_backward_stats_kernel, src, dst,
+  launch_channels(s, d.pixels(), d.c, kReduceBlocks, batchnorm_backward_stats_kernel<S>, src, dst,
                   relu, diff_dst, mean, invstd, sums);
   launch_1d(s, d.c, kMaxBlocks, batchnorm_param_grads_kernel, sums, diff_gamma, diff_beta);
 }
 
-void batchnorm_backward_apply(cudaStream_t s, const Shape& d, const float* src,
-                              const float* diff_dst, const float* mean, const float* invstd,
-                              const float* gamma, const double* sums, double count, bool training,
-                              float* diff_src, bool accumulate) {
-  launch_channels(s, d.pixels(), d.c, kMaxBlocks, batchnorm_backward_apply_kernel, src, diff_dst,
+template <typename S>
+void batchnorm_backward_apply(cudaStream_t s, const Shape& d, const S* src, const S* diff_dst,
+                              const float* mean, const float* invstd, const float* gamma,
+                              const double* sums, double count, bool training, S* diff_src,
+                              bool accumulate) {
+  launch_channels(s, d.pixels(), d.c, kMaxBlocks, batchnorm_backward_apply_kernel<S>, src, diff_dst,
                   mean, invstd, gamma, sums, count, training, diff_src, accumulate);
 }
 
-void dropout2d_forward(cudaStream_t s, const Shape& d, float p, const uint64_t* seeds,
-                       const float* src, float* mask, float* dst) {
+template <typename S>
+void dropout2d_forward(cudaStream_t s, const Shape& d, float p, const uint64_t* seeds, const S* src,
+                       float* mask, S* dst) {
   const float keep_scale = 1.0f / (1.0f - p);  // on the host, as the CPU backend computes it
   if (int64_t{d.n} * d.c > 0) {
     const int64_t entries = int64_t{d.n} * d.c;
@@ -923,126 +958,129 @@ void dropout2d_forward(cudaStream_t s, const Shape& d, float p, const uint64_t* 
   apply_channel_mask(s, d, mask, src, dst);
 }
 
-void dropout2d_backward(cudaStream_t s, const Shape& d, const float* mask, const float* diff_dst,
-                        float* diff_src) {
+template <typename S>
+void dropout2d_backward(cudaStream_t s, const Shape& d, const float* mask, const S* diff_dst,
+                        S* diff_src) {
   apply_channel_mask(s, d, mask, diff_dst, diff_src);
 }
 
-void maxpool2x2_forward(cudaStream_t s, const Shape& src_dims, const float* src, float* dst,
+template <typename S>
+void maxpool2x2_forward(cudaStream_t s, const Shape& src_dims, const S* src, S* dst,
                         uint8_t* argmax) {
   DP_CHECK(src_dims.h % 2 == 0 && src_dims.w % 2 == 0, "maxpool2x2: input ", src_dims.h, "x",
            src_dims.w, " is not even");
   const int ow = src_dims.w / 2;
   const int64_t dst_pixels = int64_t{src_dims.n} * (src_dims.h / 2) * ow;
   if (dst_pixels == 0 || src_dims.c == 0) return;
-  const bool v4 = src_dims.c % 4 == 0 && aligned16(src, dst) &&
+  const bool v4 = src_dims.c % 4 == 0 && aligned_vec4<S>(src, dst) &&
                   reinterpret_cast<uintptr_t>(argmax) % sizeof(uchar4) == 0;
   const int c = v4 ? src_dims.c / 4 : src_dims.c;
   const auto cg = channel_grid(dst_pixels, c, kMaxBlocks);
   with_index_type(src_dims.pixels(), [&](auto tag) {
     using I = decltype(tag);
     if (v4)
-      maxpool_forward_kernel<I, float4, uchar4><<<cg.grid, cg.block, 0, s>>>(
+      maxpool_forward_kernel<I, vec4_t<S>, uchar4><<<cg.grid, cg.block, 0, s>>>(
           static_cast<I>(dst_pixels), c, static_cast<I>(src_dims.w), static_cast<I>(ow),
-          reinterpret_cast<const float4*>(src), reinterpret_cast<float4*>(dst),
-          reinterpret_cast<uchar4*>(argmax));
+          as_vec4<S>(src), as_vec4<S>(dst), reinterpret_cast<uchar4*>(argmax));
     else
-      maxpool_forward_kernel<I, float, uint8_t>
+      maxpool_forward_kernel<I, S, uint8_t>
           <<<cg.grid, cg.block, 0, s>>>(static_cast<I>(dst_pixels), c, static_cast<I>(src_dims.w),
                                         static_cast<I>(ow), src, dst, argmax);
   });
   DP_CUDA_CHECK(cudaGetLastError());
 }
 
+template <typename S>
 void maxpool2x2_backward(cudaStream_t s, const Shape& src_dims, const uint8_t* argmax,
-                         const float* diff_dst, float* diff_src, bool accumulate) {
+                         const S* diff_dst, S* diff_src, bool accumulate) {
   const int64_t src_pixels = src_dims.pixels();
   if (src_pixels == 0 || src_dims.c == 0) return;
-  const bool v4 = src_dims.c % 4 == 0 && aligned16(diff_dst, diff_src) &&
+  const bool v4 = src_dims.c % 4 == 0 && aligned_vec4<S>(diff_dst, diff_src) &&
                   reinterpret_cast<uintptr_t>(argmax) % sizeof(uchar4) == 0;
   const int c = v4 ? src_dims.c / 4 : src_dims.c;
   const auto cg = channel_grid(src_pixels, c, kMaxBlocks);
   with_index_type(src_pixels, [&](auto tag) {
     using I = decltype(tag);
     if (v4)
-      maxpool_backward_kernel<I, float4, uchar4><<<cg.grid, cg.block, 0, s>>>(
+      maxpool_backward_kernel<I, vec4_t<S>, uchar4><<<cg.grid, cg.block, 0, s>>>(
           static_cast<I>(src_pixels), c, static_cast<I>(src_dims.w), static_cast<I>(src_dims.w / 2),
-          reinterpret_cast<const uchar4*>(argmax), reinterpret_cast<const float4*>(diff_dst),
-          reinterpret_cast<float4*>(diff_src), accumulate);
+          reinterpret_cast<const uchar4*>(argmax), as_vec4<S>(diff_dst), as_vec4<S>(diff_src),
+          accumulate);
     else
-      maxpool_backward_kernel<I, float, uint8_t><<<cg.grid, cg.block, 0, s>>>(
+      maxpool_backward_kernel<I, S, uint8_t><<<cg.grid, cg.block, 0, s>>>(
           static_cast<I>(src_pixels), c, static_cast<I>(src_dims.w), static_cast<I>(src_dims.w / 2),
           argmax, diff_dst, diff_src, accumulate);
   });
   DP_CUDA_CHECK(cudaGetLastError());
 }
 
-void upsample2x_forward(cudaStream_t s, const Shape& src_dims, const float* src, float* dst) {
+template <typename S>
+void upsample2x_forward(cudaStream_t s, const Shape& src_dims, const S* src, S* dst) {
   const int64_t src_pixels = src_dims.pixels();
   if (src_pixels == 0 || src_dims.c == 0) return;
-  const bool v4 = src_dims.c % 4 == 0 && aligned16(src, dst);
+  const bool v4 = src_dims.c % 4 == 0 && aligned_vec4<S>(src, dst);
   const int c = v4 ? src_dims.c / 4 : src_dims.c;
   const auto cg = channel_grid(src_pixels, c, kMaxBlocks);
   with_index_type(src_pixels, [&](auto tag) {
     using I = decltype(tag);
     if (v4)
-      upsample_forward_kernel<I, float4><<<cg.grid, cg.block, 0, s>>>(
-          static_cast<I>(src_pixels), c, src_dims.h, src_dims.w,
-          reinterpret_cast<const float4*>(src), reinterpret_cast<float4*>(dst));
+      upsample_forward_kernel<I, vec4_t<S>><<<cg.grid, cg.block, 0, s>>>(
+          static_cast<I>(src_pixels), c, src_dims.h, src_dims.w, as_vec4<S>(src), as_vec4<S>(dst));
     else
-      upsample_forward_kernel<I, float><<<cg.grid, cg.block, 0, s>>>(
-          static_cast<I>(src_pixels), c, src_dims.h, src_dims.w, src, dst);
+      upsample_forward_kernel<I, S><<<cg.grid, cg.block, 0, s>>>(static_cast<I>(src_pixels), c,
+                                                                 src_dims.h, src_dims.w, src, dst);
   });
   DP_CUDA_CHECK(cudaGetLastError());
 }
 
-void upsample2x_backward(cudaStream_t s, const Shape& src_dims, const float* diff_dst,
-                         float* diff_src) {
+template <typename S>
+void upsample2x_backward(cudaStream_t s, const Shape& src_dims, const S* diff_dst, S* diff_src) {
   const int64_t src_pixels = src_dims.pixels();
   if (src_pixels == 0 || src_dims.c == 0) return;
-  const bool v4 = src_dims.c % 4 == 0 && aligned16(diff_dst, diff_src);
+  const bool v4 = src_dims.c % 4 == 0 && aligned_vec4<S>(diff_dst, diff_src);
   const int c = v4 ? src_dims.c / 4 : src_dims.c;
   const auto cg = channel_grid(src_pixels, c, kMaxBlocks);
   with_index_type(src_pixels, [&](auto tag) {
     using I = decltype(tag);
     if (v4)
-      upsample_backward_kernel<I, float4><<<cg.grid, cg.block, 0, s>>>(
-          static_cast<I>(src_pixels), c, src_dims.h, src_dims.w,
-          reinterpret_cast<const float4*>(diff_dst), reinterpret_cast<float4*>(diff_src));
+      upsample_backward_kernel<I, vec4_t<S>>
+          <<<cg.grid, cg.block, 0, s>>>(static_cast<I>(src_pixels), c, src_dims.h, src_dims.w,
+                                        as_vec4<S>(diff_dst), as_vec4<S>(diff_src));
     else
-      upsample_backward_kernel<I, float><<<cg.grid, cg.block, 0, s>>>(
+      upsample_backward_kernel<I, S><<<cg.grid, cg.block, 0, s>>>(
           static_cast<I>(src_pixels), c, src_dims.h, src_dims.w, diff_dst, diff_src);
   });
   DP_CUDA_CHECK(cudaGetLastError());
 }
 
-void concat_forward(cudaStream_t s, const Shape& a_dims, const float* a, const Shape& b_dims,
-                    const float* b, float* dst) {
+template <typename S>
+void concat_forward(cudaStream_t s, const Shape& a_dims, const S* a, const Shape& b_dims,
+                    const S* b, S* dst) {
   DP_CHECK(a_dims.n == b_dims.n && a_dims.h == b_dims.h && a_dims.w == b_dims.w,
            "concat: shapes differ: [", a_dims.n, ",", a_dims.h, ",", a_dims.w, ",", a_dims.c,
            "] vs [", b_dims.n, ",", b_dims.h, ",", b_dims.w, ",", b_dims.c, "]");
-  if (a_dims.c % 4 == 0 && b_dims.c % 4 == 0 && aligned16(a, b, dst))
+  if (a_dims.c % 4 == 0 && b_dims.c % 4 == 0 && aligned_vec4<S>(a, b, dst))
     launch_channels(s, a_dims.pixels(), (a_dims.c + b_dims.c) / 4, kMaxBlocks,
-                    concat_forward_kernel<float4>, b_dims.c / 4, reinterpret_cast<const float4*>(a),
-                    reinterpret_cast<const float4*>(b), reinterpret_cast<float4*>(dst));
+                    concat_forward_kernel<vec4_t<S>>, b_dims.c / 4, as_vec4<S>(a), as_vec4<S>(b),
+                    as_vec4<S>(dst));
   else
-    launch_channels(s, a_dims.pixels(), a_dims.c + b_dims.c, kMaxBlocks,
-                    concat_forward_kernel<float>, b_dims.c, a, b, dst);
+    launch_channels(s, a_dims.pixels(), a_dims.c + b_dims.c, kMaxBlocks, concat_forward_kernel<S>,
+                    b_dims.c, a, b, dst);
 }
 
-void concat_backward(cudaStream_t s, const Shape& a_dims, const Shape& b_dims,
-                     const float* diff_dst, float* diff_a, float* diff_b) {
+template <typename S>
+void concat_backward(cudaStream_t s, const Shape& a_dims, const Shape& b_dims, const S* diff_dst,
+                     S* diff_a, S* diff_b) {
   DP_CHECK(a_dims.n == b_dims.n && a_dims.h == b_dims.h && a_dims.w == b_dims.w,
            "concat: shapes differ: [", a_dims.n, ",", a_dims.h, ",", a_dims.w, ",", a_dims.c,
            "] vs [", b_dims.n, ",", b_dims.h, ",", b_dims.w, ",", b_dims.c, "]");
-  if (a_dims.c % 4 == 0 && b_dims.c % 4 == 0 && aligned16(diff_dst, diff_a, diff_b))
+  if (a_dims.c % 4 == 0 && b_dims.c % 4 == 0 && aligned_vec4<S>(diff_dst, diff_a, diff_b))
     launch_channels(s, a_dims.pixels(), (a_dims.c + b_dims.c) / 4, kMaxBlocks,
-                    concat_backward_kernel<float4>, b_dims.c / 4,
-                    reinterpret_cast<const float4*>(diff_dst), reinterpret_cast<float4*>(diff_a),
-                    reinterpret_cast<float4*>(diff_b));
+                    concat_backward_kernel<vec4_t<S>>, b_dims.c / 4, as_vec4<S>(diff_dst),
+                    as_vec4<S>(diff_a), as_vec4<S>(diff_b));
   else
-    launch_channels(s, a_dims.pixels(), a_dims.c + b_dims.c, kMaxBlocks,
-                    concat_backward_kernel<float>, b_dims.c, diff_dst, diff_a, diff_b);
+    launch_channels(s, a_dims.pixels(), a_dims.c + b_dims.c, kMaxBlocks, concat_backward_kernel<S>,
+                    b_dims.c, diff_dst, diff_a, diff_b);
 }
 
 void bce_with_logits(cudaStream_t s, int64_t count, const float* logits, const float* target,
@@ -1069,5 +1107,48 @@ void adamw_update(cudaStream_t s, int64_t count, float* param, const float* grad
   launch_1d(s, count, kMaxBlocks, adamw_kernel, param, grad, exp_avg, exp_avg_sq, decay, beta1,
             beta2, eps, step_size, bc2_sqrt);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The activation storage types the backend uses.
+
+#define DP_INSTANTIATE_ACTIVATION_OPS(S)                                                           \
+  template void add_forward<S>(cudaStream_t, int64_t, const S*, const S*, bool, S*);               \
+  template void relu_backward<S>(cudaStream_t, int64_t, const S*, const S*, S*);                   \
+  template void accumulate<S>(cudaStream_t, int64_t, const S*, S*);                                \
+  template void output_grad<S>(cudaStream_t, int64_t, int, const S*, S*, float*, float*);          \
+  template void batchnorm_stats<S>(cudaStream_t, const Shape&, const S*, double*);                 \
+  template void batchnorm_apply<S>(cudaStream_t, const Shape&, const S*, const float*,             \
+                                   const float*, const float*, const float*, bool, S*);            \
+  template void batchnorm_backward_stats<S>(cudaStream_t, const Shape&, const S*, const S*, bool,  \
+                                            S*, const float*, const float*, double*, float*,       \
+                                            float*);                                               \
+  template void batchnorm_backward_apply<S>(cudaStream_t, const Shape&, const S*, const S*,        \
+                                            const float*, const float*, const float*,              \
+                                            const double*, double, bool, S*, bool);                \
+  template void dropout2d_forward<S>(cudaStream_t, const Shape&, float, const uint64_t*, const S*, \
+                                     float*, S*);                                                  \
+  template void dropout2d_backward<S>(cudaStream_t, const Shape&, const float*, const S*, S*);     \
+  template void maxpool2x2_forward<S>(cudaStream_t, const Shape&, const S*, S*, uint8_t*);         \
+  template void maxpool2x2_backward<S>(cudaStream_t, const Shape&, const uint8_t*, const S*, S*,   \
+                                       bool);                                                      \
+  template void upsample2x_forward<S>(cudaStream_t, const Shape&, const S*, S*);                   \
+  template void upsample2x_backward<S>(cudaStream_t, const Shape&, const S*, S*);                  \
+  template void concat_forward<S>(cudaStream_t, const Shape&, const S*, const Shape&, const S*,    \
+                                  S*);                                                             \
+  template void concat_backward<S>(cudaStream_t, const Shape&, const Shape&, const S*, S*, S*);
+
+DP_INSTANTIATE_ACTIVATION_OPS(float)
+DP_INSTANTIATE_ACTIVATION_OPS(__nv_bfloat16)
+#undef DP_INSTANTIATE_ACTIVATION_OPS
+
+template void convert<float, float>(cudaStream_t, int64_t, int, const float*, const float*, bool,
+                                    float*);
+template void convert<float, __nv_bfloat16>(cudaStream_t, int64_t, int, const float*, const float*,
+                                            bool, __nv_bfloat16*);
+template void convert<__nv_bfloat16, float>(cudaStream_t, int64_t, int, const __nv_bfloat16*,
+                                            const float*, bool, float*);
+template void convert<__nv_bfloat16, __nv_bfloat16>(cudaStream_t, int64_t, int,
+                                                    const __nv_bfloat16*, const float*, bool,
+                                                    __nv_bfloat16*);
 
 }  // namespace dp::cuda::kernels

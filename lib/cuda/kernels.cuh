@@ -26,34 +26,38 @@ struct Shape {
   int64_t pixels() const { return int64_t{n} * h * w; }
 };
 
+// Activation ops are templates over the storage type S of the activations: float, or
+// __nv_bfloat16 (--precision bf16); each element is widened to fp32, computed in fp32 and stored
+// as S (bf16: rounded to nearest even once per op; NaN stays NaN, values beyond bf16's range
+// become +-inf). Instantiated for both in kernels.cu.
+
 // Element-wise.
-void add_forward(cudaStream_t s, int64_t count, const float* a, const float* b, bool relu,
-                 float* dst);
-void relu_forward(cudaStream_t s, int64_t count, const float* src, float* dst);
-void relu_backward(cudaStream_t s, int64_t count, const float* dst, const float* diff_dst,
-                   float* diff_src);                                           // may be in place
-void accumulate(cudaStream_t s, int64_t count, const float* src, float* dst);  // dst += src
+template <typename S>
+void add_forward(cudaStream_t s, int64_t count, const S* a, const S* b, bool relu, S* dst);
+template <typename S>
+void relu_backward(cudaStream_t s, int64_t count, const S* dst, const S* diff_dst,
+                   S* diff_src);  // may be in place
+template <typename S>
+void accumulate(cudaStream_t s, int64_t count, const S* src, S* dst);  // dst += src
 void scale(cudaStream_t s, int64_t count, float alpha, float* dst);
 // *result = sum src[i]^2 (double), overwritten.
 void sum_squares(cudaStream_t s, int64_t count, const float* src, double* result);
-// dst[p, k] += bias[k] (then ReLU when relu), NHWC with c channels over `pixels` rows.
-void bias_relu(cudaStream_t s, int64_t pixels, int c, const float* bias, bool relu, float* dst);
+// dst[p, k] = act(float(src[p, k]) + bias[k]) stored as Out, NHWC with c channels over `pixels`
+// rows: no bias when bias is null, act = ReLU when relu, else the identity. In, Out: float or
+// __nv_bfloat16 (every pair instantiated); may run in place (src == dst, In == Out). Serves the
+// fp32 <-> activation conversions, ReLU, and the convolutions' bias/ReLU epilogues.
+template <typename In, typename Out>
+void convert(cudaStream_t s, int64_t pixels, int c, const In* src, const float* bias, bool relu,
+             Out* dst);
 // A convolution's output gradient g, NHWC [pixels, c], in one pass: with dst (the ReLU'd output)
 // g = dst > 0 ? diff_dst : 0, written back to diff_dst; with diff_bias, diff_bias[k] = sum over
-// pixels of g (overwritten); with lowp, lowp = bf16(g). Each of the three may be null.
-void output_grad(cudaStream_t s, int64_t pixels, int c, const float* dst, float* diff_dst,
-                 float* diff_bias, __nv_bfloat16* lowp);
+// pixels of g (overwritten); with copy, copy = g in fp32. Each of the three may be null.
+template <typename S>
+void output_grad(cudaStream_t s, int64_t pixels, int c, const S* dst, S* diff_dst, float* diff_bias,
+                 float* copy);
 
-// bf16 operands of the bf16 convolutions (cudnn_conv.cpp). fp32 -> bf16 rounds to nearest even
-// (NaN stays NaN, values beyond bf16's range become +-inf); bf16 -> fp32 is exact.
-// dst = bf16(src).
-void to_bf16(cudaStream_t s, int64_t count, const float* src, __nv_bfloat16* dst);
-// dst[p, k] = act(float(src[p, k]) + bias[k]), NHWC with c channels over `pixels` rows; no bias
-// when bias is null, act = ReLU when relu, else the identity.
-void from_bf16(cudaStream_t s, int64_t pixels, int c, const __nv_bfloat16* src, const float* bias,
-               bool relu, float* dst);
-// A filter [k, c, r, s] (PyTorch's OIHW, rs = r * s) to bf16 in the same layout, or with krsc in
-// [k, r, s, c] (NHWC) order.
+// bf16 filters of the bf16 convolutions (cudnn_conv.cpp): a filter [k, c, r, s] (PyTorch's OIHW,
+// rs = r * s) to bf16 in the same layout, or with krsc in [k, r, s, c] (NHWC) order.
 void filter_to_bf16(cudaStream_t s, int k, int c, int rs, const float* src, bool krsc,
                     __nv_bfloat16* dst);
 // The reverse: a bf16 filter in [k, c, r, s] order (or [k, r, s, c] with krsc) to fp32
@@ -62,38 +66,48 @@ void filter_from_bf16(cudaStream_t s, int k, int c, int rs, const __nv_bfloat16*
                       float* dst);
 
 // Batch norm (formulas in dp::Backend). sums: 2 C doubles, overwritten.
-void batchnorm_stats(cudaStream_t s, const Shape& d, const float* src, double* sums);
+template <typename S>
+void batchnorm_stats(cudaStream_t s, const Shape& d, const S* src, double* sums);
 void batchnorm_prepare(cudaStream_t s, int channels, bool training, const double* sums,
                        double count, float eps, float momentum, float* running_mean,
                        float* running_var, float* mean, float* invstd);
-void batchnorm_apply(cudaStream_t s, const Shape& d, const float* src, const float* mean,
-                     const float* invstd, const float* gamma, const float* beta, bool relu,
-                     float* dst);
-void batchnorm_backward_stats(cudaStream_t s, const Shape& d, const float* src, const float* dst,
-                              bool relu, float* diff_dst, const float* mean, const float* invstd,
-                              double* sums, float* diff_gamma, float* diff_beta);
-void batchnorm_backward_apply(cudaStream_t s, const Shape& d, const float* src,
-                              const float* diff_dst, const float* mean, const float* invstd,
-                              const float* gamma, const double* sums, double count, bool training,
-                              float* diff_src, bool accumulate);
+template <typename S>
+void batchnorm_apply(cudaStream_t s, const Shape& d, const S* src, const float* mean,
+                     const float* invstd, const float* gamma, const float* beta, bool relu, S* dst);
+template <typename S>
+void batchnorm_backward_stats(cudaStream_t s, const Shape& d, const S* src, const S* dst, bool relu,
+                              S* diff_dst, const float* mean, const float* invstd, double* sums,
+                              float* diff_gamma, float* diff_beta);
+template <typename S>
+void batchnorm_backward_apply(cudaStream_t s, const Shape& d, const S* src, const S* diff_dst,
+                              const float* mean, const float* invstd, const float* gamma,
+                              const double* sums, double count, bool training, S* diff_src,
+                              bool accumulate);
 
 // Dropout2d: the mask from the per-sample seeds exactly as dp::Rng draws it on the host.
-void dropout2d_forward(cudaStream_t s, const Shape& d, float p, const uint64_t* seeds,
-                       const float* src, float* mask, float* dst);
-void dropout2d_backward(cudaStream_t s, const Shape& d, const float* mask, const float* diff_dst,
-                        float* diff_src);
+template <typename S>
+void dropout2d_forward(cudaStream_t s, const Shape& d, float p, const uint64_t* seeds, const S* src,
+                       float* mask, S* dst);
+template <typename S>
+void dropout2d_backward(cudaStream_t s, const Shape& d, const float* mask, const S* diff_dst,
+                        S* diff_src);
 
-void maxpool2x2_forward(cudaStream_t s, const Shape& src_dims, const float* src, float* dst,
+template <typename S>
+void maxpool2x2_forward(cudaStream_t s, const Shape& src_dims, const S* src, S* dst,
                         uint8_t* argmax);
+template <typename S>
 void maxpool2x2_backward(cudaStream_t s, const Shape& src_dims, const uint8_t* argmax,
-                         const float* diff_dst, float* diff_src, bool accumulate);
-void upsample2x_forward(cudaStream_t s, const Shape& src_dims, const float* src, float* dst);
-void upsample2x_backward(cudaStream_t s, const Shape& src_dims, const float* diff_dst,
-                         float* diff_src);
-void concat_forward(cudaStream_t s, const Shape& a_dims, const float* a, const Shape& b_dims,
-                    const float* b, float* dst);
-void concat_backward(cudaStream_t s, const Shape& a_dims, const Shape& b_dims,
-                     const float* diff_dst, float* diff_a, float* diff_b);
+                         const S* diff_dst, S* diff_src, bool accumulate);
+template <typename S>
+void upsample2x_forward(cudaStream_t s, const Shape& src_dims, const S* src, S* dst);
+template <typename S>
+void upsample2x_backward(cudaStream_t s, const Shape& src_dims, const S* diff_dst, S* diff_src);
+template <typename S>
+void concat_forward(cudaStream_t s, const Shape& a_dims, const S* a, const Shape& b_dims,
+                    const S* b, S* dst);
+template <typename S>
+void concat_backward(cudaStream_t s, const Shape& a_dims, const Shape& b_dims, const S* diff_dst,
+                     S* diff_a, S* diff_b);
 
 // *loss_sum = sum of the per-element losses (double, overwritten); diff as dp::Backend.
 void bce_with_logits(cudaStream_t s, int64_t count, const float* logits, const float* target,

@@ -73,7 +73,7 @@ TEST_F(Cli, Bf16PrecisionTrainsOrNamesWhatIsMissing) {
   const auto r = test::run_command(dptrain(2, common() + " --epochs 1 --precision bf16"));
   if (dp::cpu_bf16_support().empty()) {
     EXPECT_EQ(r.status, 0) << r.output;
-    EXPECT_NE(r.output.find("bf16 convolutions"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("bf16 activations and convolutions"), std::string::npos) << r.output;
   } else {
     EXPECT_EQ(r.status, 2) << r.output;
     EXPECT_EQ(count(r.output, "dptrain: error:"), 1) << r.output;

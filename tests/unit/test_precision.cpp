@@ -42,8 +42,8 @@ class Bf16Conv : public ::testing::TestWithParam<ConvCase> {};
 // are and bf16-rounded weights, and stores its output and data gradient in bf16. So it equals the
 // fp32 convolution of the rounded operands up to the fp32 accumulation order (1e-5) and the final
 // rounding to bf16 (8 significant bits: at most 2^-8 = 3.9e-3 of each element; 4e-3 in all); the
-// weight and bias gradients are fp32 (1e-5). Against the unrounded fp32 result the error is bf16's (~1e-2), which shows that
-// rounding happened.
+// weight and bias gradients are fp32 (1e-5). Against the unrounded fp32 result the error is bf16's
+// (~1e-2), which shows that rounding happened.
 constexpr double kStoredTol = 4e-3;
 
 TEST_P(Bf16Conv, EqualsFp32OnRoundedOperands) {
@@ -295,8 +295,8 @@ TEST(Bf16Activations, ConversionsRoundToNearestEven) {
   EXPECT_TRUE(std::isnan(back.back()));
 }
 
-// Ten SGD steps of UNet16/8 on one batch: bf16 convolutions fit it as fp32 does (the loss
-// falls by the same amount within 5%), and the weights differ (bf16 really was used).
+// Ten SGD steps of UNet16/8 on one batch: bf16 activations and convolutions fit it as fp32 does
+// (the loss falls by the same amount within 5%), and the weights differ (bf16 really was used).
 TEST(Bf16Training, FitsABatchLikeFp32) {
   SKIP_WITHOUT_BF16();
   ModelConfig mc;
