@@ -44,9 +44,10 @@ class SimulatedDeviceMemory : public DeviceMemory {
 // The CPU backend's ops over the simulated device memory.
 class SimulatedDeviceBackend : public Backend {
  public:
-  SimulatedDeviceBackend() : inner_(make_cpu_backend()) {}
+  explicit SimulatedDeviceBackend(Precision precision) : inner_(make_cpu_backend(precision)) {}
   std::string name() const override { return "simulated device"; }
   DeviceMemory* device_memory() override { return &memory; }
+  DType activation_type() const override { return inner_->activation_type(); }
   void to_activation(int64_t count, const float* src, void* dst) override {
     inner_->to_activation(count, src, dst);
   }
@@ -217,17 +218,20 @@ double train_step(Model& model, Backend& be, Sgd& sgd, const std::vector<float>&
 struct Case {
   const char* model;
   int divisor, size;
+  Precision precision = Precision::kFloat32;
 };
 
 class DeviceStaging : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DeviceStaging, ModelOptimizerAndCheckpointsMatchTheHost) {
   const Case c = GetParam();
+  if (c.precision == Precision::kBFloat16 && !cpu_bf16_support().empty())
+    GTEST_SKIP() << "no bf16 on this CPU: " << cpu_bf16_support();
   ModelConfig mc;
   mc.name = c.model;
   mc.width_divisor = c.divisor;
-  auto cpu = make_cpu_backend();
-  SimulatedDeviceBackend dev;
+  auto cpu = make_cpu_backend(c.precision);
+  SimulatedDeviceBackend dev(c.precision);
   auto host_model = make_model(mc, *cpu);
   auto dev_model = make_model(mc, dev);
   ASSERT_TRUE(dev_model->params().on_device());
@@ -289,9 +293,16 @@ TEST_P(DeviceStaging, ModelOptimizerAndCheckpointsMatchTheHost) {
   EXPECT_EQ(0, std::memcmp(momentum.data(), host_sgd.momentum(), floats * sizeof(float)));
 }
 
+// bf16: activations in bf16 on the device, the input converted there and the logits back to fp32
+// (Model::forward, forward_host).
 INSTANTIATE_TEST_SUITE_P(Models, DeviceStaging,
-                         ::testing::Values(Case{"unet16", 16, 32}, Case{"unet_resnet34", 16, 64}),
-                         [](const auto& p) { return std::string(p.param.model); });
+                         ::testing::Values(Case{"unet16", 16, 32}, Case{"unet_resnet34", 16, 64},
+                                           Case{"unet16", 16, 32, Precision::kBFloat16},
+                                           Case{"unet_resnet34", 16, 64, Precision::kBFloat16}),
+                         [](const auto& p) {
+                           return std::string(p.param.model) +
+                                  (p.param.precision == Precision::kBFloat16 ? "_bf16" : "");
+                         });
 
 TEST(DeviceStaging, BufferTransfersCheckTheirBounds) {
   SimulatedDeviceMemory mem;
