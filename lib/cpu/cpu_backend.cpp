@@ -152,14 +152,16 @@ void upsample_forward(const Dims& s, const T* src, T* dst) {
 }
 
 // The transpose, as a gather: input i collects from outputs 2i-1 .. 2i+2 (upsample_gather), in
-// fp32 (a row of one pixel's channels), stored once.
+// fp32 (one pixel's channels in a per-thread row, kept between calls), stored once.
 template <typename T>
 void upsample_backward(const Dims& s, const T* diff_dst, T* diff_src) {
   const int ow = 2 * s.w, c = s.c;
   const int64_t rows = int64_t{s.n} * s.h;
 #pragma omp parallel
   {
-    std::vector<float> sum(static_cast<size_t>(c));
+    thread_local std::vector<float> row_sum;
+    row_sum.resize(static_cast<size_t>(c));
+    float* acc = row_sum.data();
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t n = r / s.h;
@@ -168,7 +170,6 @@ void upsample_backward(const Dims& s, const T* diff_dst, T* diff_src) {
       for (int ix = 0; ix < s.w; ++ix) {
         Gather gx[kGatherTaps];
         const int nx = upsample_gather(ix, s.w, gx);
-        float* acc = sum.data();
         std::fill(acc, acc + c, 0.0f);
         for (int j = 0; j < ny; ++j) {
           const T* row = diff_dst + (n * 2 * s.h + gy[j].o) * int64_t{ow} * c;
