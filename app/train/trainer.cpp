@@ -529,7 +529,8 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
       " parameters; arenas ",
       format_mib(double(2 + optim_->state().size()) * double(ps.arena_size()) * sizeof(float)),
       " (params, grads, ", optim_->name(), " state), activations ",
-      format_mib(double(model_->activation_bytes())));
+      format_mib(double(model_->activation_bytes())), " (values and gradients ",
+      format_mib(double(model_->unshared_activation_bytes())), " without sharing)");
   // After every rank has agreed that set-up succeeded: the reducer duplicates the communicator.
   mpi::ReducerOptions ro;
   ro.bucket_mib = opt_.bucket_mb;

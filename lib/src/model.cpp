@@ -181,22 +181,13 @@ void Model::setup(int max_batch, int height, int width) {
   int64_t largest = 0;
   int max_channels = 0;
   for (size_t i = 0; i < nodes_.size(); ++i) {
-    Node& x = nodes_[i];
-    const int64_t bytes = dims(static_cast<int>(i), max_batch).numel() * int64_t(dtype_bytes(act_));
-    largest = std::max(largest, bytes);
-    max_channels = std::max(max_channels, x.c);
-    // An fp32 input is read in place; any other activation type needs its converted copy.
-    if (static_cast<int>(i) != input_ || act_ != DType::kFloat32)
-      x.value = Buffer(static_cast<size_t>(bytes), mem);
-    x.grad = Buffer(static_cast<size_t>(bytes), mem);
-    x.v = x.value.data();
-    x.g = x.grad.data();
+    largest = std::max(largest, dims(int(i), max_batch).numel() * int64_t(dtype_bytes(act_)));
+    max_channels = std::max(max_channels, nodes_[i].c);
   }
+  plan_activations(mem, largest);
   logits_ = Buffer();
   if (act_ != DType::kFloat32)
     logits_ = Buffer(static_cast<size_t>(dims(output_, max_batch).numel()) * sizeof(float), mem);
-  nodes_[static_cast<size_t>(input_)].grad = Buffer();  // the input needs no gradient
-  nodes_[static_cast<size_t>(input_)].g = nullptr;
   for (Op& op : ops_) {
     const int c = channels(op.out);
     if (op.kind == OpKind::kMaxPool)
@@ -204,7 +195,6 @@ void Model::setup(int max_batch, int height, int width) {
     if (op.kind == OpKind::kBatchNorm) op.saved = Buffer(2 * size_t(c) * sizeof(float), mem);
     if (op.kind == OpKind::kDropout) op.saved = Buffer(size_t(max_batch) * c * sizeof(float), mem);
   }
-  scratch_ = Buffer(static_cast<size_t>(largest), mem);
   // GradMode::kAccumulate: room for the largest op's parameter gradients (two tensors, each
   // starting on a 64-byte boundary) before they are added to the arena.
   int64_t largest_param = 0;
@@ -227,11 +217,94 @@ void Model::set_dropout_seeds(const uint64_t* seeds, int n) {
 }
 
 int64_t Model::activation_bytes() const {
-  int64_t total = static_cast<int64_t>(scratch_.bytes() + param_scratch_.bytes());
+  int64_t total = static_cast<int64_t>(arena_.bytes() + param_scratch_.bytes());
   total += static_cast<int64_t>(logits_.bytes());
-  for (const Node& x : nodes_) total += static_cast<int64_t>(x.value.bytes() + x.grad.bytes());
   for (const Op& op : ops_) total += static_cast<int64_t>(op.saved.bytes());
   return total;
+}
+
+// A training step as a timeline: op i's forward at time i, its backward at 2F - 1 - i (F ops).
+// A node's value lives from its producer's forward to its last reader: consumers' forwards, the
+// backward of a consumer that reads its input (convolutions, batch norm) and its producer's
+// backward where that reads the output (the ReLU mask of a convolution, batch norm or addition);
+// the model's output to the end of the step (the caller reads the logits). A gradient lives from
+// the backward of its last consumer (the first to write it) to its producer's backward (the
+// output's from the start of backward); the scratch for partial sums through all of backward.
+// Buffers whose [birth, death] intervals overlap get disjoint memory: placed largest first, each
+// at the lowest offset clear of the overlapping ones already placed (a greedy interval packing;
+// the arena is at least the largest set of buffers live at one time).
+void Model::plan_activations(DeviceMemory* mem, int64_t scratch_bytes) {
+  struct Block {
+    int64_t bytes = 0, offset = 0;
+    int born = 0, dies = 0;
+    void** ptr = nullptr;
+  };
+  const int f = static_cast<int>(ops_.size()), end = 2 * f;
+  const auto backward_time = [f](size_t op) { return 2 * f - 1 - static_cast<int>(op); };
+  std::vector<int> v_born(nodes_.size(), 0), v_dies(nodes_.size(), 0);
+  std::vector<int> g_born(nodes_.size(), end), g_dies(nodes_.size(), 0);
+  for (size_t i = 0; i < ops_.size(); ++i) {
+    const Op& op = ops_[i];
+    const int t = static_cast<int>(i), tb = backward_time(i);
+    const bool reads_src =
+        op.kind == OpKind::kConv || op.kind == OpKind::kDeconv || op.kind == OpKind::kBatchNorm;
+    const bool reads_dst = op.relu && (reads_src || op.kind == OpKind::kAdd);
+    v_born[size_t(op.out)] = t;
+    v_dies[size_t(op.out)] = std::max(v_dies[size_t(op.out)], reads_dst ? tb : t);
+    g_dies[size_t(op.out)] = tb;
+    for (int in : {op.in0, op.in1}) {
+      if (in < 0) continue;
+      v_dies[size_t(in)] = std::max(v_dies[size_t(in)], reads_src ? tb : t);
+      g_born[size_t(in)] = std::min(g_born[size_t(in)], tb);
+    }
+  }
+  v_dies[size_t(output_)] = end;
+  g_born[size_t(output_)] = f;
+  const int64_t elem = int64_t(dtype_bytes(act_));
+  std::vector<Block> blocks;
+  unshared_bytes_ = 0;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    Node& x = nodes_[i];
+    x.v = x.g = nullptr;
+    const int64_t bytes = dims(int(i), max_batch_).numel() * elem;
+    // An fp32 input is read in place (the caller's batch); any other type needs its converted
+    // copy. The input needs no gradient.
+    const bool input = int(i) == input_;
+    if (!input || act_ != DType::kFloat32) blocks.push_back({bytes, 0, v_born[i], v_dies[i], &x.v});
+    if (!input) blocks.push_back({bytes, 0, g_born[i], g_dies[i], &x.g});
+  }
+  constexpr int64_t kAlign = 256;  // bytes: as cuDNN's vectorised kernels want
+  for (Block& b : blocks) {
+    b.bytes = (b.bytes + kAlign - 1) / kAlign * kAlign;
+    unshared_bytes_ += b.bytes;
+    if (!config_.share_activation_memory) b.born = 0, b.dies = end;  // all overlap
+  }
+  blocks.push_back({(scratch_bytes + kAlign - 1) / kAlign * kAlign, 0, f, end, &scratch_});
+  std::vector<size_t> order(blocks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return blocks[a].bytes > blocks[b].bytes; });
+  int64_t total = 0;
+  std::vector<const Block*> placed, clash;
+  for (size_t i : order) {
+    Block& b = blocks[i];
+    clash.clear();
+    for (const Block* o : placed)
+      if (o->born <= b.dies && b.born <= o->dies) clash.push_back(o);
+    std::sort(clash.begin(), clash.end(),
+              [](const Block* x, const Block* y) { return x->offset < y->offset; });
+    int64_t offset = 0;
+    for (const Block* o : clash) {
+      if (offset + b.bytes <= o->offset) break;
+      offset = std::max(offset, o->offset + o->bytes);
+    }
+    b.offset = offset;
+    total = std::max(total, offset + b.bytes);
+    placed.push_back(&b);
+  }
+  arena_ = Buffer();
+  arena_ = Buffer(static_cast<size_t>(total), mem);
+  for (const Block& b : blocks) *b.ptr = static_cast<char*>(arena_.data()) + b.offset;
 }
 
 void Model::batchnorm_forward(Op& op, int n) {
@@ -337,8 +410,8 @@ void Model::backward(const float* diff_logits, GradListener* listener, GradMode 
       op_writes(x.g);
       x.grad_ready = true;
     } else {
-      op_writes(scratch_.data());
-      backend_.accumulate_activations(dims(id, n).numel(), scratch_.data(), x.g);
+      op_writes(scratch_);
+      backend_.accumulate_activations(dims(id, n).numel(), scratch_, x.g);
     }
   };
   // Where an op writes its parameter gradients: the arena, or (accumulating) scratch space that
@@ -425,8 +498,8 @@ void Model::backward(const float* diff_logits, GradListener* listener, GradMode 
         Node& na = nodes_[static_cast<size_t>(op.in0)];
         Node& nb = nodes_[static_cast<size_t>(op.in1)];
         // Each part goes to its node, or to its own half of the scratch buffer.
-        void* ga = na.grad_ready ? scratch_.data() : na.g;
-        void* gb = nb.grad_ready ? at(scratch_.data(), da.numel()) : nb.g;
+        void* ga = na.grad_ready ? scratch_ : na.g;
+        void* gb = nb.grad_ready ? at(scratch_, da.numel()) : nb.g;
         backend_.concat_backward(da, db, out.g, ga, gb);
         if (na.grad_ready) backend_.accumulate_activations(da.numel(), ga, na.g);
         if (nb.grad_ready) backend_.accumulate_activations(db.numel(), gb, nb.g);

@@ -18,6 +18,9 @@ struct ModelConfig {
   int width_divisor = 1;  // every hidden channel count is divided by this (CPU demos, tests)
   bool deconv = false;    // decoder blocks upsample by transposed convolution
   float dropout = 0.2f;   // dropout2d before the final layer of the ResNet UNets (training only)
+  // Activations and activation gradients whose lifetimes in a training step do not overlap share
+  // memory (Model::setup plans one arena). Off: every one has its own (tests compare the two).
+  bool share_activation_memory = true;
 };
 
 // Models known to make_model().
@@ -58,7 +61,10 @@ class Model {
   // Allocates activations for up to max_batch images of height x width (checked).
   void setup(int max_batch, int height, int width);
   int max_batch() const { return max_batch_; }
+  // Bytes of activation memory (values, gradients, saved state, scratch) allocated by setup(),
+  // and what the values and gradients alone would take if none shared memory.
   int64_t activation_bytes() const;
+  int64_t unshared_activation_bytes() const { return unshared_bytes_; }
 
   // Training mode (default): batch-norm uses and updates batch statistics, dropout is on.
   // Evaluation: running statistics, no dropout.
@@ -108,9 +114,8 @@ class Model {
   struct Node {
     int scale = 1;  // spatial size = input size / scale
     int c = 0;
-    Buffer value, grad;  // elements of the backend's activation_type()
-    void* v = nullptr;
-    void* g = nullptr;
+    void* v = nullptr;        // value and gradient: elements of the backend's activation_type() in
+    void* g = nullptr;        // the arena (the input's value in fp32: the caller's batch)
     bool grad_ready = false;  // during backward: grad holds a partial sum
   };
   enum class OpKind { kConv, kDeconv, kBatchNorm, kAdd, kDropout, kMaxPool, kUpsample, kConcat };
@@ -131,6 +136,9 @@ class Model {
   DeconvDesc deconv_desc(const Op& op, int n) const;
   void batchnorm_forward(Op& op, int n);
   void batchnorm_backward(Op& op, int n, float* dgamma, float* dbeta);
+  // Lays out every node's value and gradient, and the scratch (`scratch_bytes`), in arena_ (see
+  // ModelConfig::share_activation_memory).
+  void plan_activations(DeviceMemory* mem, int64_t scratch_bytes);
   // Activation element `i` of `base` (pointer arithmetic in the activation type).
   void* at(void* base, int64_t i) const {
     return static_cast<char*>(base) + i * int64_t(dtype_bytes(act_));
@@ -147,7 +155,9 @@ class Model {
   bool training_ = true;
   std::vector<uint64_t> dropout_seeds_, op_seeds_;  // per sample; per sample for one op
   StatReducer stat_reducer_;
-  Buffer scratch_;        // for gradients that must be added to a partial sum
+  Buffer arena_;  // node values and gradients (plan_activations)
+  int64_t unshared_bytes_ = 0;
+  void* scratch_ = nullptr;  // in arena_: gradients that must be added to a partial sum
   Buffer param_scratch_;  // GradMode::kAccumulate: an op's parameter gradients before the addition
   Buffer input_stage_;    // forward_host on a device backend: the input, max batch
   std::vector<float> logits_host_;  // and the logits it returns
