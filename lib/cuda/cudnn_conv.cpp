@@ -540,6 +540,8 @@ bool ConvEngine::keep_bf16(Plan& p, int pass) {
     Arena probe(heap_, "the bf16 algorithm search's operands");
     const Plan::Regions r = p.probe();
     probe.reserve(r.bytes);
+    // Zeros: no NaN or subnormal garbage to slow an algorithm down in the timing.
+    DP_CUDA_CHECK(cudaMemsetAsync(probe.data(), 0, r.bytes, heap_.stream()));
     char* base = static_cast<char*>(probe.data());
     if (try_ensure(p, pass, base, base + r.w_offset, base + r.y_offset)) return true;
   }

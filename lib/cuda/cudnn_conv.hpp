@@ -78,8 +78,9 @@ class Arena {
 // output to its input (same weight), its backward-data pass that convolution's forward.
 //
 // Algorithms: chosen per shape and pass (forward, backward data, backward filter), in fp32 on the
-// pass's first use with the call's own buffers, in bf16 all three when the plan is built, on
-// scratch bf16 operands (the search blocks until it has run): the fastest that
+// pass's first use with the call's own buffers, in bf16 when the plan is built (a convolution's
+// backward-data pass: at its first use), on zeroed scratch bf16 operands allocated for the search
+// and freed after (the search blocks until it has run): the fastest that
 // cudnnFind*AlgorithmEx measures, with a scratch workspace as large as the heuristics' candidates
 // need (freed after); with options.deterministic, deterministic algorithms only, taken in the
 // heuristics' (reproducible) order among those the search ran. TF32 only with options.tf32.
@@ -92,9 +93,9 @@ class Arena {
 // that both paths can be tested.
 //
 // Bias and ReLU: fused by cudnnConvolutionBiasActivationForward in a convolution's forward pass
-// where cuDNN accepts it and it is not slower than the plain convolution + kernels::bias_relu
-// (timed on the plan's first forward, except with options.deterministic; falling back for good
-// on a refusal), else kernels::bias_relu.
+// where cuDNN accepts it and it is not slower than the plain convolution + the bias/ReLU kernel
+// kernels::convert (timed on the plan's first forward, except with options.deterministic; falling
+// back for good on a refusal), else that kernel.
 //
 // bf16 (options.precision == kBFloat16): the activations and their gradients are bf16 (the
 // backend's activation_type()). Every cuDNN call of a bf16 plan runs on them as they are, with
@@ -109,8 +110,10 @@ class Arena {
 // bf16 operands of the plan's shapes (freed after). A shape for which cuDNN offers no usable
 // bf16 algorithm for one of the passes it runs (e.g. 3 input channels, 1 output channel) gets a
 // widened fp32 plan instead: its calls widen their bf16 operands into fp32 regions of the staging
-// arena, run fp32 (TF32 per options.tf32, the fused bias + ReLU allowed) and round their results
-// into the bf16 outputs (with the bias and ReLU, once). That is decided when the plan is built (a
+// arena, run fp32 with the fp32 weights (TF32 per options.tf32, the fused bias + ReLU allowed)
+// and round their results into the bf16 outputs (with the bias and ReLU, once). The staging arena
+// keeps the size of the largest widened plan's two fp32 sides (e.g. 822 MB for a 3->64 first
+// layer at 448x448, batch 16). That is decided when the plan is built (a
 // convolution's backward-data pass: when first asked for, since the first layer never runs it)
 // and logged once (options.log); every other shape stays bf16. runs_in_bf16() says which a shape
 // got.
