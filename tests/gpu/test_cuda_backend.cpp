@@ -1186,11 +1186,12 @@ void expect_sgd_consistent(const std::string& what, const Vec& before, const Vec
 class CudaModelStep : public CudaVsCpu {
  protected:
   // Builds the model on both backends with the same values, and the same input and target.
-  void prepare(const ModelCase& c, bool liven) {
+  void prepare(const ModelCase& c, bool liven) { prepare_on(*cpu_, *gpu_, c, liven); }
+  void prepare_on(Backend& cpu, Backend& gpu, const ModelCase& c, bool liven) {
     name_ = std::string(c.name) + " /" + std::to_string(c.divisor) + (c.deconv ? " deconv" : "") +
             " " + std::to_string(c.size) + "px";
-    cm_ = build(*cpu_, c);
-    gm_ = build(*gpu_, c);
+    cm_ = build(cpu, c);
+    gm_ = build(gpu, c);
     cm_->params().init_pytorch_default(kInitSeed);
     cm_->buffers().init_pytorch_default(kInitSeed);
     if (liven) liven_decoder(cm_->params(), kInitSeed);
@@ -1233,6 +1234,24 @@ class CudaModelStep : public CudaVsCpu {
     expect_sgd_consistent(name_ + " gpu SGD:", before, g.grads, ug);
   }
 
+  // One step with bf16 activations on both backends (comment at the tests below).
+  void check_bf16_step(const ModelCase& c, bool liven, double arena_tol) {
+    if (!cpu_bf16_support().empty()) GTEST_SKIP() << "no bf16 on this CPU: " << cpu_bf16_support();
+    bf16_cpu_ = make_cpu_backend(Precision::kBFloat16);
+    bf16_gpu_ = make_gpu(/*tf32=*/false, /*deterministic=*/false, Precision::kBFloat16);
+    prepare_on(*bf16_cpu_, *bf16_gpu_, c, liven);
+    const std::string name = "bf16 " + name_;
+    const Step cs = forward_backward(*bf16_cpu_, *cm_, x_, t_, true);
+    const Step gs = forward_backward(*bf16_gpu_, *gm_, x_, t_, true);
+    expect_close(name + " logits", cs.logits, gs.logits, 3e-2);
+    expect_close(name + " loss", std::vector<double>{cs.loss}, std::vector<double>{gs.loss}, 1e-2);
+    const double arena = relative_l2(cs.grads.data(), gs.grads.data(), cs.grads.size());
+    std::printf("[cuda-vs-cpu] %-46s L2 rel %.2e (tol %.2g)\n", (name + " gradient arena").c_str(),
+                arena, arena_tol);
+    EXPECT_LE(arena, arena_tol) << name << ": the gradient arenas differ grossly";
+  }
+
+  std::unique_ptr<Backend> bf16_cpu_, bf16_gpu_;  // declared before the models: they outlive them
   std::string name_;
   std::unique_ptr<Model> cm_, gm_;
   Vec x_, t_;
@@ -1291,29 +1310,6 @@ TEST_F(CudaModelStep, UNetResNet101) {
 // So the step is judged as a whole: logits within 3e-2, the loss within 1e-2, the gradient arena
 // within 0.1 (UNetResNet34: 0.3, for kGrossTol's reasons). Tolerances from those CPU figures: not
 // yet measured on a GPU.
-void check_bf16_step(const ModelCase& c, bool liven, double arena_tol) {
-  if (!cpu_bf16_support().empty()) GTEST_SKIP() << "no bf16 on this CPU: " << cpu_bf16_support();
-  auto cpu = make_cpu_backend(Precision::kBFloat16);
-  auto gpu = make_gpu(/*tf32=*/false, /*deterministic=*/false, Precision::kBFloat16);
-  auto cm = build(*cpu, c), gm = build(*gpu, c);
-  cm->params().init_pytorch_default(kInitSeed);
-  cm->buffers().init_pytorch_default(kInitSeed);
-  if (liven) liven_decoder(cm->params(), kInitSeed);
-  copy_values(cm->params(), gm->params());
-  copy_values(cm->buffers(), gm->buffers());
-  const size_t pixels = size_t(kBatch) * c.size * c.size;
-  const Vec x = random_vec(pixels * 3, 4242, -2.0f, 2.0f), t = binary_target(pixels, 4243, 0.2f);
-  const std::string name = std::string("bf16 ") + c.name + " /" + std::to_string(c.divisor);
-  const Step cs = forward_backward(*cpu, *cm, x, t, true);
-  const Step gs = forward_backward(*gpu, *gm, x, t, true);
-  expect_close(name + " logits", cs.logits, gs.logits, 3e-2);
-  expect_close(name + " loss", std::vector<double>{cs.loss}, std::vector<double>{gs.loss}, 1e-2);
-  const double arena = relative_l2(cs.grads.data(), gs.grads.data(), cs.grads.size());
-  std::printf("[cuda-vs-cpu] %-46s L2 rel %.2e (tol %.2g)\n", (name + " gradient arena").c_str(),
-              arena, arena_tol);
-  EXPECT_LE(arena, arena_tol) << name << ": the gradient arenas differ grossly";
-}
-
 TEST_F(CudaModelStep, UNet16Bf16) {
   check_bf16_step({"unet16", 4, false}, false, 0.1);
 }
