@@ -17,7 +17,8 @@
 # 3. Configure the cuda-release preset; build only the GPU tests, bench_gpu_throughput, dptrain.
 # 4. Run test_cuda, test_cuda_backend (every CUDA op and a training step of each model against
 #    the CPU backend) and the NCCL reducer test (1 rank, and 2 where 2 GPUs are visible).
-#    Then dptrain --device cuda end to end (2 epochs, a resumed third) on the synthetic default.
+#    Then dptrain --device cuda end to end (2 epochs, a resumed third) on the synthetic default,
+#    and 2 epochs with --precision bf16.
 # 5. Benchmark unet16 at 448x448 in fp32 with TF32 on, and in bf16 (activations and convolutions).
 # 6. Print a summary: GPU, tests passed/failed/skipped, img/s, peak memory (logs in
 #    <build>/gpu-check/).
@@ -209,6 +210,22 @@ else
   fail "dptrain --device cuda"
   tail_log "$LOGS/dptrain.log"
   add "dptrain --device cuda: FAILED ($LOGS/dptrain.log)"
+fi
+
+# The same in bf16 (bf16 activations and convolutions), 2 epochs.
+bf16_dir="$LOGS/dptrain-bf16-run"
+rm -rf "$bf16_dir"
+say "running dptrain --device cuda --precision bf16 on $ngpu rank(s): 2 epochs"
+if timeout "$STEP_TIMEOUT" bash scripts/mpirun.sh -np "$ngpu" "$BUILD/app/dptrain" --device cuda \
+  --precision bf16 --model-dir "$bf16_dir" --log-every 1000 --epochs 2 \
+  >"$LOGS/dptrain-bf16.log" 2>&1 && grep -q "epoch 2/2 " "$LOGS/dptrain-bf16.log"; then
+  add "dptrain --device cuda --precision bf16: 2 epochs ok;" \
+    "$(grep -oE 'activations [0-9.]+ MiB' "$LOGS/dptrain-bf16.log" | head -n 1)," \
+    "last epoch: $(grep -E 'epoch 2/2 ' "$LOGS/dptrain-bf16.log" | tail -n 1 | sed 's/.*epoch 2/epoch 2/' | cut -c1-110)"
+else
+  fail "dptrain --device cuda --precision bf16"
+  tail_log "$LOGS/dptrain-bf16.log"
+  add "dptrain --device cuda --precision bf16: FAILED ($LOGS/dptrain-bf16.log)"
 fi
 
 # ---- 5. Benchmark --------------------------------------------------------------------------------
