@@ -567,8 +567,7 @@ class CpuBackend final : public Backend {
   }
 
   void accumulate(int64_t count, const float* src, float* dst) override {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < count; ++i) dst[i] += src[i];
+    accumulate_loop(count, src, dst);
   }
 
   void sgd_update(int64_t count, float* p, const float* grad, float* m, float lr, float momentum,
