@@ -122,6 +122,32 @@ TEST(ResumeMpi, SignalMidEpochOnOneRankThenResumeEqualsUninterruptedBitwise) {
   }
 }
 
+// The same with --precision bf16 (bf16 activations; master weights and momentum stay fp32):
+// preempted mid-epoch on one rank and resumed, the run ends bit-identical to the uninterrupted one.
+TEST(ResumeMpi, Bf16ResumeEqualsUninterruptedBitwise) {
+  ASSERT_EQ(test::world().size(), 2) << "run this test with mpiexec -n 2";
+  if (!cpu_bf16_support().empty()) GTEST_SKIP() << "no bf16 on this CPU: " << cpu_bf16_support();
+  SharedDir dir;
+  auto o = options(dir, "bf16_straight", 2);
+  o.precision = "bf16";
+  EXPECT_EQ(run_with_preempt_at(o, nullptr, test::world()), 0);
+  o.model_dir = dir.file("bf16_preempted");
+  EXPECT_EQ(run_with_preempt_at(o, "1:2", test::world()), app::kExitPreempted);
+  EXPECT_EQ(run_with_preempt_at(o, nullptr, test::world()), 0);
+  const auto fp32 = options(dir, "fp32_straight", 2);
+  EXPECT_EQ(run_with_preempt_at(fp32, nullptr, test::world()), 0);
+  if (test::world().rank() == 0) {
+    const Loaded a = load(dir.file("bf16_straight/model_epoch_2.h5"));
+    const Loaded b = load(o.model_dir + "/model_epoch_2.h5");
+    EXPECT_TRUE(bitwise_equal(a.weights, b.weights));
+    EXPECT_TRUE(bitwise_equal(a.momentum, b.momentum));
+    EXPECT_EQ(a.meta.step, b.meta.step);
+    // bf16 really ran: the weights are not the fp32 run's.
+    EXPECT_FALSE(
+        bitwise_equal(a.weights, load(dir.file("fp32_straight/model_epoch_2.h5")).weights));
+  }
+}
+
 // The global sample order is a function of (seed, epoch), so a run checkpointed on 2 ranks x
 // batch 2 continues on 1 rank x batch 4 (the same global batch) like the uninterrupted run, up to
 // the summation order of the reductions -- after an epoch and mid-epoch.
