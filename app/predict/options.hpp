@@ -21,6 +21,7 @@ struct PredictOptions {
   int overlap = -1;                     // pixels; -1: a quarter of the smaller tile side
   int batch_size = 4;                   // tiles per forward pass
   std::string cpu_conv = "auto";        // 3x3 convolution kernels (dptrain's --cpu-conv)
+  std::string precision = "fp32";       // fp32 | bf16 (activations; dptrain's --precision)
   bool quiet = false;                   // no progress bar or lines
 
   bool from_dataset() const { return !dataset.empty(); }

@@ -36,6 +36,7 @@ Predictor::Predictor(const std::string& checkpoint, const PredictorOptions& opti
   mc.deconv = meta_.deconv != 0;
   CpuOptions co;
   co.conv_algo = options.conv_algo;
+  co.precision = options.precision;
   backend_ = make_cpu_backend(co);
   model_ = make_model(mc, *backend_);
   const int m = model_->size_multiple();

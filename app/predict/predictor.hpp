@@ -17,6 +17,7 @@ struct PredictorOptions {
   int overlap = -1;                     // pixels shared by neighbouring tiles; -1: tile / 4
   int batch = 4;                        // tiles per forward pass
   CpuConvAlgo conv_algo = CpuConvAlgo::kDirect;  // 3x3 convolution kernels (dppredict: auto)
+  Precision precision = Precision::kFloat32;     // bf16: bf16 activations and convolutions
 };
 
 class Predictor {
