@@ -139,10 +139,12 @@ void run(const Config& c) {
 
   std::printf(
       "dptrain %s%s /%d %dx%d batch %d %s on %s: %.1f img/s, %.2f ms/step (median of %d after "
-      "%d warm-up steps, %.1f s), peak device memory %.2f GiB (workspace %.2f GiB), loss %.4f\n",
+      "%d warm-up steps, %.1f s), peak device memory %.2f GiB (workspace %.2f GiB, activations "
+      "%.2f GiB shared, %.2f GiB unshared), loss %.4f\n",
       c.model.c_str(), c.deconv ? " deconv" : "", c.divisor, c.size, c.size, c.batch, mode.c_str(),
       device.name.c_str(), img_s, 1e3 * step_s, c.steps, c.warmup, warmup_seconds,
-      gib(be->peak_bytes()), gib(be->workspace_bytes()), loss);
+      gib(be->peak_bytes()), gib(be->workspace_bytes()), gib(size_t(model->activation_bytes())),
+      gib(size_t(model->unshared_activation_bytes())), loss);
   std::printf(
       "{\"impl\": \"dptrain\", \"gpu\": \"%s\", \"model\": \"%s\", \"deconv\": %s, "
       "\"width_divisor\": %d, \"size\": %d, \"batch\": %d, \"precision\": \"%s\", \"tf32\": %s, "
