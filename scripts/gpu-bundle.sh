@@ -23,8 +23,8 @@ cd "$(dirname "$0")/.."
 
 BUILD=${1:-build/gpu}
 OUT=${2:-gpu-bundle}
-binaries=(app/dptrain tests/test_cuda tests/test_cuda_backend tests/test_nccl_reducer_mpi
-  bench/bench_gpu_throughput)
+binaries=(app/dptrain app/dppredict tests/test_cuda tests/test_cuda_backend
+  tests/test_nccl_reducer_mpi bench/bench_gpu_throughput)
 OMPI_LIB=/usr/lib/x86_64-linux-gnu/openmpi/lib
 PMIX=/usr/lib/x86_64-linux-gnu/pmix2
 

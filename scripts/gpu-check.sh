@@ -18,7 +18,7 @@
 # 4. Run test_cuda, test_cuda_backend (every CUDA op and a training step of each model against
 #    the CPU backend) and the NCCL reducer test (1 rank, and 2 where 2 GPUs are visible).
 #    Then dptrain --device cuda end to end (2 epochs, a resumed third) on the synthetic default,
-#    and 2 epochs with --precision bf16.
+#    dppredict --device cuda on its checkpoint (the CPU's IoU), and 2 epochs with --precision bf16.
 # 5. Benchmark unet16 at 448x448 in fp32 with TF32 on, and in bf16 (activations and convolutions).
 # 6. Print a summary: GPU, tests passed/failed/skipped, img/s, peak memory (logs in
 #    <build>/gpu-check/).
@@ -101,7 +101,7 @@ fi
 
 # ---- 3. Configure and build only what the check runs ---------------------------------------------
 binaries=(tests/test_cuda tests/test_cuda_backend tests/test_nccl_reducer_mpi
-  bench/bench_gpu_throughput app/dptrain)
+  bench/bench_gpu_throughput app/dptrain app/dppredict)
 targets=("${binaries[@]##*/}")
 if [[ "$PREBUILT" == 1 ]]; then
   for b in "${binaries[@]}"; do
@@ -212,6 +212,25 @@ else
   add "dptrain --device cuda: FAILED ($LOGS/dptrain.log)"
 fi
 
+# dppredict --device cuda on that run's checkpoint and validation split: the IoU of the CPU's.
+data_file=$(sed -n 's/^data: \(.*\.h5\): .*/\1/p' "$LOGS/dptrain.log" | head -n 1)
+predict=("$BUILD/app/dppredict" -c "$run_dir/model_best.h5" --dataset "$data_file" -q)
+iou_of() { sed -n 's/.* iou \([0-9.]*\) .*/\1/p' "$1" | tail -n 1; }
+say "running dppredict --device cuda and --device cpu on the run's validation split"
+if [[ -f "$run_dir/model_best.h5" && -n "$data_file" ]] &&
+  timeout "$STEP_TIMEOUT" "${predict[@]}" --device cuda >"$LOGS/dppredict-cuda.log" 2>&1 &&
+  timeout "$STEP_TIMEOUT" "${predict[@]}" --device cpu >"$LOGS/dppredict-cpu.log" 2>&1 &&
+  awk -v g="$(iou_of "$LOGS/dppredict-cuda.log")" -v c="$(iou_of "$LOGS/dppredict-cpu.log")" \
+    'BEGIN { exit !(g != "" && c != "" && (g - c < 0.02) && (c - g < 0.02)) }'; then
+  add "dppredict --device cuda: IoU $(iou_of "$LOGS/dppredict-cuda.log")" \
+    "(CPU $(iou_of "$LOGS/dppredict-cpu.log"))"
+else
+  fail "dppredict --device cuda"
+  tail_log "$LOGS/dppredict-cuda.log"
+  add "dppredict --device cuda: FAILED or IoU differs from the CPU's by 0.02 or more" \
+    "($LOGS/dppredict-*.log)"
+fi
+
 # The same in bf16 (bf16 activations and convolutions), 2 epochs.
 bf16_dir="$LOGS/dptrain-bf16-run"
 rm -rf "$bf16_dir"
@@ -219,9 +238,10 @@ say "running dptrain --device cuda --precision bf16 on $ngpu rank(s): 2 epochs"
 if timeout "$STEP_TIMEOUT" bash scripts/mpirun.sh -np "$ngpu" "$BUILD/app/dptrain" --device cuda \
   --precision bf16 --model-dir "$bf16_dir" --log-every 1000 --epochs 2 \
   >"$LOGS/dptrain-bf16.log" 2>&1 && grep -q "epoch 2/2 " "$LOGS/dptrain-bf16.log"; then
+  last=$(grep -E 'epoch 2/2 ' "$LOGS/dptrain-bf16.log" | tail -n 1 | sed 's/.*epoch 2/epoch 2/')
   add "dptrain --device cuda --precision bf16: 2 epochs ok;" \
     "$(grep -oE 'activations [0-9.]+ MiB' "$LOGS/dptrain-bf16.log" | head -n 1)," \
-    "last epoch: $(grep -E 'epoch 2/2 ' "$LOGS/dptrain-bf16.log" | tail -n 1 | sed 's/.*epoch 2/epoch 2/' | cut -c1-110)"
+    "last epoch: ${last:0:110}"
 else
   fail "dptrain --device cuda --precision bf16"
   tail_log "$LOGS/dptrain-bf16.log"

@@ -61,6 +61,9 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
       "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
       "3x3 convolutions: auto (direct or Winograd, whichever is faster when timed at first "
       "use), direct (bitwise reproducible) or winograd")(
+      "device", po::value(&o.device)->default_value(o.device),
+      "auto (a GPU where every rank sees one, else the CPU), cpu or cuda (GPU = node-local rank "
+      "modulo the visible GPUs; ranks may share one)")(
       "precision", po::value(&o.precision)->default_value(o.precision),
       "fp32, or bf16: activations in bf16 and convolutions on bf16 operands (about 2x faster on "
       "CPUs with AVX512-BF16 or AMX; probabilities differ in the third digit)")("help,h",
@@ -104,10 +107,10 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   require(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got ", o.threshold);
   require(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
   parse_cpu_conv(o.cpu_conv);
+  require(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
+          "--device must be auto, cpu or cuda, got '", o.device, "'");
   require(o.precision == "fp32" || o.precision == "bf16", "--precision must be fp32 or bf16, got '",
           o.precision, "'");
-  require(o.precision == "fp32" || cpu_bf16_support().empty(),
-          "--precision bf16: ", cpu_bf16_support(), "; use --precision fp32");
   require(vm.count("overlap") == 0 || o.overlap >= 0, "--overlap must be >= 0, got ", o.overlap);
   require(!(o.out.empty() && (o.save_prob || o.overlay)), "--save-prob and --overlay need --out");
   if (!tile.empty()) parse_tile(tile, o.tile_height, o.tile_width);

@@ -22,6 +22,7 @@ struct PredictOptions {
   int batch_size = 4;                   // tiles per forward pass
   std::string cpu_conv = "auto";        // 3x3 convolution kernels (dptrain's --cpu-conv)
   std::string precision = "fp32";       // fp32 | bf16 (activations; dptrain's --precision)
+  std::string device = "auto";          // auto (the GPU where every rank sees one) | cpu | cuda
   bool quiet = false;                   // no progress bar or lines
 
   bool from_dataset() const { return !dataset.empty(); }

@@ -5,6 +5,9 @@
 #include <filesystem>
 
 #include "train/options.hpp"
+#ifdef DP_WITH_CUDA
+#include "dp/cuda/cuda_backend.hpp"
+#endif
 
 namespace dp::app {
 namespace {
@@ -34,10 +37,22 @@ Predictor::Predictor(const std::string& checkpoint, const PredictorOptions& opti
   mc.name = meta_.model;
   mc.width_divisor = int(meta_.width_divisor);
   mc.deconv = meta_.deconv != 0;
-  CpuOptions co;
-  co.conv_algo = options.conv_algo;
-  co.precision = options.precision;
-  backend_ = make_cpu_backend(co);
+  if (options.gpu) {
+#ifdef DP_WITH_CUDA
+    cuda::BackendOptions bo;
+    bo.precision = options.precision;
+    backend_ = cuda::make_cuda_backend(bo);
+#else
+    throw UsageError("--device cuda: this dppredict was built without CUDA; use --device cpu");
+#endif
+  } else {
+    if (options.precision == Precision::kBFloat16 && !cpu_bf16_support().empty())
+      throw UsageError(str_cat("--precision bf16: ", cpu_bf16_support(), "; use --precision fp32"));
+    CpuOptions co;
+    co.conv_algo = options.conv_algo;
+    co.precision = options.precision;
+    backend_ = make_cpu_backend(co);
+  }
   model_ = make_model(mc, *backend_);
   const int m = model_->size_multiple();
   if (tile_height_ % m != 0 || tile_width_ % m != 0)

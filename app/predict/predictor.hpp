@@ -18,6 +18,7 @@ struct PredictorOptions {
   int batch = 4;                        // tiles per forward pass
   CpuConvAlgo conv_algo = CpuConvAlgo::kDirect;  // 3x3 convolution kernels (dppredict: auto)
   Precision precision = Precision::kFloat32;     // bf16: bf16 activations and convolutions
+  bool gpu = false;  // the CUDA backend on the current device (TF32 allowed), else the CPU one
 };
 
 class Predictor {

@@ -20,6 +20,9 @@
 #include "predict/predictor.hpp"
 #include "train/options.hpp"
 #include "train/trainer.hpp"
+#ifdef DP_WITH_CUDA
+#include "dp/cuda/device.hpp"
+#endif
 
 namespace dp::app {
 namespace {
@@ -213,8 +216,26 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   std::unique_ptr<Predictor> predictor;
   std::unique_ptr<data::Dataset> dataset;
   std::vector<Input> inputs;
+  // --device auto: the GPU where this dppredict has the CUDA backend and every rank sees one.
+  bool gpu = o.device == "cuda";
+#ifdef DP_WITH_CUDA
+  if (o.device == "auto") gpu = comm.all_true(cuda::visible_device_count() > 0);
+#endif
+  std::string device = "cpu (oneDNN)";
   agree(comm, [&] {
+#ifdef DP_WITH_CUDA
+    if (gpu) {
+      cuda::DeviceInfo d;
+      try {
+        d = cuda::select_device(comm.local_rank(), comm.local_size(), /*allow_sharing=*/true);
+      } catch (const Error& e) {
+        throw UsageError(str_cat("--device cuda: ", e.what()));
+      }
+      device = str_cat("GPU ", d.ordinal, " of ", d.visible_count, " (", d.name, ")");
+    }
+#endif
     PredictorOptions po;
+    po.gpu = gpu;
     po.tile_height = o.tile_height;
     po.tile_width = o.tile_width;
     po.overlap = o.overlap;
@@ -241,7 +262,8 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
            meta.deconv != 0 ? ", deconv" : "", ") trained ", meta.epoch, " epoch(s) on ",
            meta.height, "x", meta.width, "; tiles ", predictor->tile_height(), "x",
            predictor->tile_width(), ", overlap ", predictor->overlap(), ", ", o.batch_size,
-           " per batch; ", inputs.size(), " image(s) on ", world, " rank(s)");
+           " per batch; ", inputs.size(), " image(s) on ", world, " rank(s); rank 0 on ", device,
+           o.precision == "bf16" ? ", bf16 activations" : "");
 
   std::vector<size_t> mine;
   for (size_t i = size_t(rank); i < inputs.size(); i += size_t(world)) mine.push_back(i);

@@ -23,6 +23,10 @@
 #include "test_util.hpp"
 #include "train/trainer.hpp"
 
+#ifdef DP_WITH_CUDA
+#include "dp/cuda/device.hpp"
+#endif
+
 namespace dp {
 namespace {
 
@@ -423,6 +427,21 @@ TEST_F(Predict, ImagesOfAnySizeAndFormatGiveMasksOfTheirSize) {
   EXPECT_TRUE(std::filesystem::exists(dir_->file("out2/masks/deep.png")));
 }
 
+// --device cuda where no GPU can run (a build without CUDA, or no GPU visible): one usage error
+// line naming the option (and, with CUDA built in, the runtime's reason), from every rank count.
+TEST_F(Predict, DeviceCudaWithoutAGpuIsOneUsageError) {
+#ifdef DP_WITH_CUDA
+  if (cuda::visible_device_count() > 0)
+    GTEST_SKIP() << "a GPU is visible: --device cuda runs (scripts/gpu-check.sh checks it)";
+#endif
+  for (const int np : {1, 2}) {
+    const auto r = test::run_command(dppredict(np, "--dataset " + data_ + " -q --device cuda"));
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_EQ(count(r.output, "dppredict: error:"), 1) << r.output;
+    EXPECT_NE(r.output.find("--device cuda: "), std::string::npos) << r.output;
+  }
+}
+
 TEST_F(Predict, BadInputIsOneErrorLineAndANonZeroExit) {
   const std::string out = dir_->file("bad_out");
   const std::string transparent = dir_->file("clear.png");
@@ -460,6 +479,8 @@ TEST_F(Predict, BadInputIsOneErrorLineAndANonZeroExit) {
        "--cpu-conv must be auto, direct or winograd, got 'fast'", 2},
       {0, "--dataset " + data_ + " --precision fp16",
        "--precision must be fp32 or bf16, got 'fp16'", 2},
+      {0, "--dataset " + data_ + " --device tpu", "--device must be auto, cpu or cuda, got 'tpu'",
+       2},
   };
   for (const Case& c : cases) {
     const std::string args = "-c " + checkpoint_ + " " + c.args;
