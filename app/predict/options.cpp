@@ -109,8 +109,7 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   parse_cpu_conv(o.cpu_conv);
   require(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
           "--device must be auto, cpu or cuda, got '", o.device, "'");
-  require(o.precision == "fp32" || o.precision == "bf16", "--precision must be fp32 or bf16, got '",
-          o.precision, "'");
+  parse_precision(o.precision);
   require(vm.count("overlap") == 0 || o.overlap >= 0, "--overlap must be >= 0, got ", o.overlap);
   require(!(o.out.empty() && (o.save_prob || o.overlay)), "--save-prob and --overlay need --out");
   if (!tile.empty()) parse_tile(tile, o.tile_height, o.tile_width);

@@ -46,12 +46,10 @@ Predictor::Predictor(const std::string& checkpoint, const PredictorOptions& opti
     throw UsageError("--device cuda: this dppredict was built without CUDA; use --device cpu");
 #endif
   } else {
-    if (options.precision == Precision::kBFloat16 && !cpu_bf16_support().empty())
-      throw UsageError(str_cat("--precision bf16: ", cpu_bf16_support(), "; use --precision fp32"));
     CpuOptions co;
     co.conv_algo = options.conv_algo;
     co.precision = options.precision;
-    backend_ = make_cpu_backend(co);
+    backend_ = make_cli_cpu_backend(co);
   }
   model_ = make_model(mc, *backend_);
   const int m = model_->size_multiple();

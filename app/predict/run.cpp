@@ -241,7 +241,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     po.overlap = o.overlap;
     po.batch = o.batch_size;
     po.conv_algo = parse_cpu_conv(o.cpu_conv);
-    po.precision = o.precision == "bf16" ? Precision::kBFloat16 : Precision::kFloat32;
+    po.precision = parse_precision(o.precision);
     predictor = std::make_unique<Predictor>(o.checkpoint, po);
     if (o.from_dataset()) {
       dataset = std::make_unique<data::Dataset>(o.dataset, o.split);

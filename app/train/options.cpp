@@ -311,8 +311,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(vm.count("width-divisor") == 0 || (o.width_divisor >= 1 && 32 % o.width_divisor == 0),
           "--width-divisor must be one of 1, 2, 4, 8, 16, 32, got ", o.width_divisor);
   parse_cpu_conv(o.cpu_conv);
-  require(o.precision == "fp32" || o.precision == "bf16", "--precision must be fp32 or bf16, got '",
-          o.precision, "'");
+  parse_precision(o.precision);
   require(o.device == "auto" || o.device == "cpu" || o.device == "cuda",
           "--device must be auto, cpu or cuda, got '", o.device, "'");
   require(!o.model_dir.empty(), "--model-dir must not be empty");
@@ -331,6 +330,18 @@ CpuConvAlgo parse_cpu_conv(const std::string& value) {
   if (value == "direct") return CpuConvAlgo::kDirect;
   if (value == "winograd") return CpuConvAlgo::kWinograd;
   throw UsageError(str_cat("--cpu-conv must be auto, direct or winograd, got '", value, "'"));
+}
+
+Precision parse_precision(const std::string& value) {
+  if (value == "fp32") return Precision::kFloat32;
+  if (value == "bf16") return Precision::kBFloat16;
+  throw UsageError(str_cat("--precision must be fp32 or bf16, got '", value, "'"));
+}
+
+std::unique_ptr<Backend> make_cli_cpu_backend(const CpuOptions& options) {
+  if (options.precision == Precision::kBFloat16 && !cpu_bf16_support().empty())
+    throw UsageError(str_cat("--precision bf16: ", cpu_bf16_support(), "; use --precision fp32"));
+  return make_cpu_backend(options);
 }
 
 }  // namespace dp::app

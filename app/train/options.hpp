@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -97,5 +98,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
 
 // --cpu-conv's value (auto, direct or winograd) as a CpuConvAlgo; UsageError for anything else.
 CpuConvAlgo parse_cpu_conv(const std::string& value);
+// --precision fp32|bf16 (dptrain, dppredict); anything else is a UsageError.
+Precision parse_precision(const std::string& value);
+// make_cpu_backend, where bf16 on a CPU without AVX512-BF16/AMX is a UsageError naming the reason.
+std::unique_ptr<Backend> make_cli_cpu_backend(const CpuOptions& options);
 
 }  // namespace dp::app

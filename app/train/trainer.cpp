@@ -321,15 +321,13 @@ struct Trainer::DeviceState {
 
 std::unique_ptr<Backend> Trainer::make_backend(bool use_gpu) {
   device_ = std::make_unique<DeviceState>();
-  const Precision precision = opt_.precision == "bf16" ? Precision::kBFloat16 : Precision::kFloat32;
+  const Precision precision = parse_precision(opt_.precision);
   if (!use_gpu) {
-    if (precision == Precision::kBFloat16 && !cpu_bf16_support().empty())
-      throw UsageError(str_cat("--precision bf16: ", cpu_bf16_support(), "; use --precision fp32"));
     CpuOptions co;
     co.precision = precision;
     // Timing-based choices differ between runs: reproducible runs use the direct kernels.
     co.conv_algo = opt_.deterministic ? CpuConvAlgo::kDirect : parse_cpu_conv(opt_.cpu_conv);
-    return make_cpu_backend(co);
+    return make_cli_cpu_backend(co);
   }
 #ifdef DP_WITH_CUDA
   cuda::BackendOptions bo;

@@ -527,24 +527,32 @@ void ConvEngine::build(Plan& p, bool data_pass_on_use) {
   init_plan(&p, options_);
   // bf16: the algorithms now. The first pass cuDNN cannot do in bf16 makes the plan fp32, whose
   // algorithms are then chosen on first use as in an fp32 engine.
-  for (int pass : {kForward, kBackwardData, kBackwardFilter}) {
-    if (!p.bf16 || (pass == kBackwardData && data_pass_on_use)) continue;
-    if (!keep_bf16(p, pass)) return;
-  }
+  if (!p.bf16) return;
+  if (data_pass_on_use)
+    keep_bf16(p, {kForward, kBackwardFilter});
+  else
+    keep_bf16(p, {kForward, kBackwardData, kBackwardFilter});
 }
 
-bool ConvEngine::keep_bf16(Plan& p, int pass) {
+bool ConvEngine::keep_bf16(Plan& p, std::initializer_list<int> passes) {
+  int pass = -1;  // the first pass without a bf16 algorithm
   {
     // On scratch operands of the plan's shapes (their contents do not matter to the search),
-    // freed after it.
+    // allocated once for the passes and freed after.
     Arena probe(heap_, "the bf16 algorithm search's operands");
     const Plan::Regions r = p.probe();
     probe.reserve(r.bytes);
     // Zeros: no NaN or subnormal garbage to slow an algorithm down in the timing.
     DP_CUDA_CHECK(cudaMemsetAsync(probe.data(), 0, r.bytes, heap_.stream()));
     char* base = static_cast<char*>(probe.data());
-    if (try_ensure(p, pass, base, base + r.w_offset, base + r.y_offset)) return true;
+    for (int candidate : passes) {
+      if (!try_ensure(p, candidate, base, base + r.w_offset, base + r.y_offset)) {
+        pass = candidate;
+        break;
+      }
+    }
   }
+  if (pass < 0) return true;
   // Device memory, not bf16 support, is missing: the same error as in ensure(), on this rank.
   if (p.short_of_memory)
     fail("cuDNN offers no usable ", kPassName[pass], " algorithm for ", p.what,
@@ -882,7 +890,7 @@ void ConvEngine::backward_filter(Plan& p, const void* x, const void* dy, float* 
 
 bool ConvEngine::runs_in_bf16(const ConvDesc& d) {
   Plan& p = conv_plan(d);
-  if (p.bf16 && !p.pass[kBackwardData].ready) in_context(p, [&] { keep_bf16(p, kBackwardData); });
+  if (p.bf16 && !p.pass[kBackwardData].ready) in_context(p, [&] { keep_bf16(p, {kBackwardData}); });
   return p.bf16;
 }
 
@@ -918,7 +926,8 @@ void ConvEngine::conv_backward(const ConvDesc& d, const void* src, const float* 
   in_context(p, [&] {
     const bool passes = diff_weight != nullptr || diff_src != nullptr;
     // The data gradient's first use: a bf16 plan without a bf16 algorithm for it turns fp32 now.
-    if (diff_src != nullptr && p.bf16 && !p.pass[kBackwardData].ready) keep_bf16(p, kBackwardData);
+    if (diff_src != nullptr && p.bf16 && !p.pass[kBackwardData].ready)
+      keep_bf16(p, {kBackwardData});
     if (passes) reserve_stage(p);
     // The masked output gradient, its bias gradient and (widened plans) the one fp32 copy of it
     // that serves both passes, in one pass over it.

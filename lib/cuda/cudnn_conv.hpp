@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -155,9 +156,10 @@ class ConvEngine {
   // or with `data_pass_on_use` all but backward-data, which a convolution whose input needs no
   // gradient never runs: probed by conv_backward when first asked for it).
   void build(Plan& p, bool data_pass_on_use);
-  // Chooses a bf16 plan's algorithm for `pass` on scratch bf16 operands; if cuDNN has none (for
-  // a reason other than memory), logs it and makes the plan a widened fp32 one. False when it did.
-  bool keep_bf16(Plan& p, int pass);
+  // Chooses a bf16 plan's algorithms for `passes`, in order, on scratch bf16 operands allocated
+  // once; at the first pass for which cuDNN has none (for a reason other than memory), logs it and
+  // makes the plan a widened fp32 one. False when it did.
+  bool keep_bf16(Plan& p, std::initializer_list<int> passes);
 
   // The passes, on operands of the plan's type: the activations themselves, or (widened plan)
   // the fp32 regions that operand() / result() hand out. Weights and the filter gradient are

@@ -94,12 +94,6 @@ __device__ __forceinline__ float4 relu_mask(float4 y, float4 g) {
                      y.w > 0.0f ? g.w : 0.0f);
 }
 
-// Whether every pointer is 16-byte aligned (float4 loads and stores).
-template <typename... P>
-bool aligned16(const P*... p) {
-  return ((reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
-}
-
 // ---------------------------------------------------------------------------------------------
 // Storage types.
 
@@ -189,14 +183,6 @@ const vec4_t<S>* as_vec4(const P* p) {
 template <typename S, typename P>
 vec4_t<S>* as_vec4(P* p) {
   return reinterpret_cast<vec4_t<S>*>(p);
-}
-template <typename P>
-const float4* as_float4(const P* p) {
-  return reinterpret_cast<const float4*>(p);
-}
-template <typename P>
-float4* as_float4(P* p) {
-  return reinterpret_cast<float4*>(p);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -857,9 +843,9 @@ void convert(cudaStream_t s, int64_t pixels, int c, const In* src, const float* 
   if (pixels <= 0 || c <= 0) return;
   const bool v4 = aligned_vec4<In>(src) && aligned_vec4<Out>(dst);
   if (bias != nullptr) {
-    if (v4 && c % 4 == 0 && aligned16(bias))
+    if (v4 && c % 4 == 0 && aligned_vec4<float>(bias))
       launch_channels(s, pixels, c / 4, kMaxBlocks, convert_bias_kernel<vec4_t<In>, vec4_t<Out>>,
-                      as_vec4<In>(src), as_float4(bias), relu, as_vec4<Out>(dst));
+                      as_vec4<In>(src), as_vec4<float>(bias), relu, as_vec4<Out>(dst));
     else
       launch_channels(s, pixels, c, kMaxBlocks, convert_bias_kernel<In, Out>, src, bias, relu, dst);
     return;
@@ -881,9 +867,9 @@ void output_grad(cudaStream_t s, int64_t pixels, int c, const S* dst, S* diff_ds
   if (diff_bias != nullptr) zero(s, diff_bias, sizeof(float) * static_cast<size_t>(c));
   // Reductions keep to kReduceBlocks (few atomics); the other cases fill the GPU.
   const size_t blocks = diff_bias != nullptr ? kReduceBlocks : kMaxBlocks;
-  if (c % 4 == 0 && aligned_vec4<S>(dst, diff_dst) && aligned16(copy))
+  if (c % 4 == 0 && aligned_vec4<S>(dst, diff_dst) && aligned_vec4<float>(copy))
     launch_channels(s, pixels, c / 4, blocks, output_grad_kernel<vec4_t<S>, float4>,
-                    as_vec4<S>(dst), as_vec4<S>(diff_dst), diff_bias, as_float4(copy));
+                    as_vec4<S>(dst), as_vec4<S>(diff_dst), diff_bias, as_vec4<float>(copy));
   else
     launch_channels(s, pixels, c, blocks, output_grad_kernel<S, float>, dst, diff_dst, diff_bias,
                     copy);
