@@ -1,0 +1,11 @@
+# Rewrites a CUDA source for tests/emu/cuda_emu.hpp: each launch `k<<<cfg>>>(args)` becomes
+# `k | ::dp_emu::Launch{cfg}(args)`. Usage: cmake -DIN=x.cu -DOUT=x.cpp -P emulate_cu.cmake
+file(READ "${IN}" _src)
+string(FIND "${_src}" "<<<" _first)
+if(_first EQUAL -1)
+  message(FATAL_ERROR "emulate_cu: ${IN} launches no kernel (no <<<)")
+endif()
+string(REPLACE "<<<" " | ::dp_emu::Launch{" _src "${_src}")
+string(REPLACE ">>>" "}" _src "${_src}")
+file(WRITE "${OUT}.tmp" "// Generated from ${IN} by tests/emu/emulate_cu.cmake: do not edit.\n#line 1 \"${IN}\"\n${_src}")
+file(RENAME "${OUT}.tmp" "${OUT}")
