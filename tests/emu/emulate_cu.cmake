@@ -1,4 +1,4 @@
-# Rewrites a CUDA source for tests/emu/cuda_emu.hpp: each launch `k<<<cfg>>>(args)` becomes
+# Rewrites a CUDA source for tests/emu/cuda_emu_device.hpp: each launch `k<<<cfg>>>(args)` becomes
 # `k | ::dp_emu::Launch{cfg}(args)`. Usage: cmake -DIN=x.cu -DOUT=x.cpp -P emulate_cu.cmake
 file(READ "${IN}" _src)
 string(FIND "${_src}" "<<<" _first)
