@@ -1,5 +1,4 @@
-// The CPU execution model of cuda_emu_device.hpp (fibers, block and warp barriers) and the few CUDA
-// runtime calls the backend's kernel launchers make, on host memory.
+// The CPU execution model of cuda_emu_device.hpp: fibers as GPU threads, block and warp barriers.
 #include "cuda_emu_device.hpp"
 
 #include <ucontext.h>
@@ -9,9 +8,6 @@
 #include <cstdlib>
 #include <memory>
 #include <vector>
-
-#include "dp/cuda/device.hpp"
-#include "dp/error.hpp"
 
 namespace dp_emu {
 
@@ -218,20 +214,3 @@ void run_grid(dim3 grid, dim3 block, void (*body)(void*), void* ctx) {
 }
 
 }  // namespace dp_emu
-
-// The CUDA runtime calls of the launchers, on host memory ("device" pointers are host pointers).
-extern "C" {
-cudaError_t cudaGetLastError(void) {
-  return cudaSuccess;
-}
-cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t) {
-  std::memset(p, value, bytes);
-  return cudaSuccess;
-}
-}
-
-namespace dp::cuda {
-void throw_cuda_error(cudaError_t status, const char* call, const char* file, int line) {
-  ::dp::fail("CUDA error ", int(status), " in ", call, " (at ", file, ":", line, ")");
-}
-}  // namespace dp::cuda

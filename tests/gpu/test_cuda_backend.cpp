@@ -1,5 +1,6 @@
 // The CUDA backend checked against the CPU backend: every op and a training step of each model.
-// Same inputs on both, results compared within stated tolerances; skips without a GPU.
+// Same inputs on both, results compared within stated tolerances; skips without a GPU. Also
+// built against the CPU emulation of CUDA and cuDNN (tests/emu) as test_cuda_backend_emu.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -58,6 +60,9 @@ constexpr double kSumTol = 1e-9;
 constexpr double kRoundedSumTol = 1e-6;
 // A whole training step, TF32 off (see the model tests for what was measured).
 constexpr double kModelTol = 1e-3;
+// A bf16 training step: the GPU's distance to the fp32 step at most this factor times the CPU's
+// bf16 distance, plus the slack (see the bf16 model tests).
+constexpr double kBf16StepFactor = 2.0, kBf16StepSlack = 2e-3;
 // The ResNet UNets' gradients (see their tests): per tensor and over the arena, relative L2.
 constexpr double kGrossTol = 0.7, kGrossArenaTol = 0.25;
 // unet_resnet101's logits and running statistics (see its test).
@@ -1234,21 +1239,34 @@ class CudaModelStep : public CudaVsCpu {
     expect_sgd_consistent(name_ + " gpu SGD:", before, g.grads, ug);
   }
 
-  // One step with bf16 activations on both backends (comment at the tests below).
-  void check_bf16_step(const ModelCase& c, bool liven, double arena_tol) {
+  // One step with bf16 activations on both backends, each judged by its distance to the fp32
+  // step of the CPU backend (comment at the tests below).
+  void check_bf16_step(const ModelCase& c, bool liven) {
     if (!cpu_bf16_support().empty()) GTEST_SKIP() << "no bf16 on this CPU: " << cpu_bf16_support();
     bf16_cpu_ = make_cpu_backend(Precision::kBFloat16);
     bf16_gpu_ = make_gpu(/*tf32=*/false, /*deterministic=*/false, Precision::kBFloat16);
     prepare_on(*bf16_cpu_, *bf16_gpu_, c, liven);
+    auto fp32 = make_cpu_backend(Precision::kFloat32);
+    auto reference = build(*fp32, c);
+    copy_values(cm_->params(), reference->params());
+    copy_values(cm_->buffers(), reference->buffers());
     const std::string name = "bf16 " + name_;
+    const Step rs = forward_backward(*fp32, *reference, x_, t_, true);
     const Step cs = forward_backward(*bf16_cpu_, *cm_, x_, t_, true);
     const Step gs = forward_backward(*bf16_gpu_, *gm_, x_, t_, true);
-    expect_close(name + " logits", cs.logits, gs.logits, 3e-2);
     expect_close(name + " loss", std::vector<double>{cs.loss}, std::vector<double>{gs.loss}, 1e-2);
-    const double arena = relative_l2(cs.grads.data(), gs.grads.data(), cs.grads.size());
-    std::printf("[cuda-vs-cpu] %-46s L2 rel %.2e (tol %.2g)\n", (name + " gradient arena").c_str(),
-                arena, arena_tol);
-    EXPECT_LE(arena, arena_tol) << name << ": the gradient arenas differ grossly";
+    for (const auto& [what, ref, cpu, gpu] :
+         {std::tuple{"logits", &rs.logits, &cs.logits, &gs.logits},
+          std::tuple{"gradient arena", &rs.grads, &cs.grads, &gs.grads}}) {
+      const double cpu_off = relative_l2(ref->data(), cpu->data(), ref->size());
+      const double gpu_off = relative_l2(ref->data(), gpu->data(), ref->size());
+      const double tol = kBf16StepFactor * cpu_off + kBf16StepSlack;
+      std::printf("[cuda-vs-cpu] %-46s L2 rel to fp32: gpu %.2e, cpu %.2e (tol %.2e)\n",
+                  (name + " " + what).c_str(), gpu_off, cpu_off, tol);
+      EXPECT_LE(gpu_off, tol) << name << " " << what
+                              << ": the GPU's bf16 step is further from the fp32 step than the "
+                                 "CPU's bf16 step allows";
+    }
   }
 
   std::unique_ptr<Backend> bf16_cpu_, bf16_gpu_;  // declared before the models: they outlive them
@@ -1301,21 +1319,24 @@ TEST_F(CudaModelStep, UNetResNet101) {
 }
 
 // --precision bf16: one step of UNet16 /4 and UNetResNet34 /8 with bf16 activations on the GPU
-// against the CPU backend's bf16 (skipped where this CPU has no AVX512-BF16/AMX). The two round
-// at different points (cuDNN rounds a convolution's output before adding the bias, and runs the
-// first and last layers as widened fp32 plans where it has no bf16 algorithm), and bf16 rounding
-// noise is large in narrow models' weight gradients (sums with heavy cancellation): against
-// PyTorch's CPU autocast the CPU backend measured logits 4.8e-3 (max-relative), loss 3.8e-5 and
-// a gradient arena 1.6e-2 (relative L2) apart for UNet16 /32 (tests/unit/test_golden_models.cpp).
-// So the step is judged as a whole: logits within 3e-2, the loss within 1e-2, the gradient arena
-// within 0.1 (UNetResNet34: 0.3, for kGrossTol's reasons). Tolerances from those CPU figures: not
-// yet measured on a GPU.
+// and on the CPU backend (skipped where this CPU has no AVX512-BF16/AMX). The two round at
+// different points (cuDNN rounds a convolution's output before adding the bias; the first and
+// last layers may run as widened fp32 plans, with fp32 weights, where cuDNN has no bf16
+// algorithm), and in a deep batch-norm network at 64x64 those differences decide ReLUs
+// differently and move whole gradient tensors (see the ResNet UNets above): the CPU's own bf16
+// step of UNetResNet34 /8 is 0.37 (relative L2) from its fp32 step in the gradient arena, 1.3e-2
+// in the logits. So each bf16 step is judged by its distance to the CPU's fp32 step: the GPU's
+// within kBf16StepFactor times the CPU's plus kBf16StepSlack, logits and gradient arena; the
+// losses within 1e-2. Measured on the CPU emulation of the backend (tests/emu; widened first and
+// last layers, or every layer bf16 with DP_EMU_CUDNN_BF16_ANY=1): UNet16 gradients 2.3e-3 and
+// 2.6e-3 against the CPU's 1.9e-3; UNetResNet34 0.40 and 0.37 against 0.37 (between the two bf16
+// steps directly: 0.46). Not yet measured on a GPU.
 TEST_F(CudaModelStep, UNet16Bf16) {
-  check_bf16_step({"unet16", 4, false}, false, 0.1);
+  check_bf16_step({"unet16", 4, false}, false);
 }
 
 TEST_F(CudaModelStep, UNetResNet34Bf16) {
-  check_bf16_step({"unet_resnet34", 8, false}, true, 0.3);
+  check_bf16_step({"unet_resnet34", 8, false}, true);
 }
 
 // ---- Memory ----------------------------------------------------------------------------------
