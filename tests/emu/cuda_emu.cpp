@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <unordered_map>
 #include <vector>
 
 namespace dp_emu {
@@ -56,11 +57,21 @@ struct Scheduler {
   void* ctx = nullptr;
   unsigned grid_limit = 0;
   Order order = Order::kForward;
+  bool always_fibers = false;
+  bool plain = false;            // the running launch calls its threads without fibers
+  bool reached_barrier = false;  // ... a fiber of the running launch reached a barrier
+  std::unordered_map<const void*, bool> needs_fibers;  // per kernel, after its first launch
+  Fiber plain_thread;
   uint64_t launches = 0, threads = 0;
 };
 
 Scheduler& sched() {
-  static Scheduler s;
+  static Scheduler s = [] {
+    Scheduler init;
+    if (const char* env = std::getenv("DP_EMU_GRID_LIMIT"))
+      init.grid_limit = unsigned(std::atoi(env));
+    return init;
+  }();
   return s;
 }
 
@@ -88,6 +99,9 @@ void fiber_main() {
 // Blocks the running fiber at `b` until every member has arrived.
 void wait(Barrier& b) {
   Scheduler& s = sched();
+  if (s.plain)
+    fail("a kernel reached a barrier in a launch run without fibers (its first did not)");
+  s.reached_barrier = true;
   Fiber& f = *s.current;
   ++b.arrived;
   const uint64_t generation = b.generation;
@@ -162,6 +176,9 @@ unsigned set_grid_stride_limit(unsigned blocks) {
 Order set_order(Order order) {
   return std::exchange(sched().order, order);
 }
+bool set_always_fibers(bool always) {
+  return std::exchange(sched().always_fibers, always);
+}
 uint64_t launches() {
   return sched().launches;
 }
@@ -185,7 +202,21 @@ void shuffle_down(void* v, size_t bytes, unsigned delta, unsigned mask) {
   wait(w.barrier);  // no lane overwrites its slot before every lane has read
 }
 
-void run_grid(dim3 grid, dim3 block, void (*body)(void*), void* ctx) {
+// Runs the block's threads one after the other as plain calls, in the scheduling order.
+void run_block_plain(Scheduler& s, unsigned threads) {
+  const bool reverse = s.order == Order::kReverse;
+  for (unsigned i = 0; i < threads; ++i) {
+    const unsigned t = reverse ? threads - 1 - i : i;
+    s.plain_thread.index =
+        uint3{t % block_dim.x, t / block_dim.x % block_dim.y, t / (block_dim.x * block_dim.y)};
+    s.current = &s.plain_thread;
+    s.body(s.ctx);
+    s.current = nullptr;
+  }
+  s.threads += threads;
+}
+
+void run_grid(const void* kernel, dim3 grid, dim3 block, void (*body)(void*), void* ctx) {
   Scheduler& s = sched();
   if (s.current != nullptr) fail("kernel launched from a kernel");
   const unsigned threads = block.x * block.y * block.z;
@@ -205,12 +236,20 @@ void run_grid(dim3 grid, dim3 block, void (*body)(void*), void* ctx) {
   block_dim = block;
   grid_dim = grid;
   ++s.launches;
+  const auto known = s.needs_fibers.find(kernel);
+  s.plain = !s.always_fibers && known != s.needs_fibers.end() && !known->second;
+  s.reached_barrier = false;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         block_idx = uint3{x, y, z};
-        run_block(s, threads);
+        if (s.plain)
+          run_block_plain(s, threads);
+        else
+          run_block(s, threads);
       }
+  if (!s.plain) s.needs_fibers[kernel] = s.needs_fibers[kernel] || s.reached_barrier;
+  s.plain = false;
 }
 
 }  // namespace dp_emu

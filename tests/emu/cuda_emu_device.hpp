@@ -40,7 +40,8 @@ void sync_block();
 void shuffle_down(void* v, size_t bytes, unsigned delta, unsigned mask);
 
 // Runs `body` once per GPU thread of the grid (fibers, block by block).
-void run_grid(dim3 grid, dim3 block, void (*body)(void*), void* ctx);
+// `kernel` identifies the kernel (see set_always_fibers).
+void run_grid(const void* kernel, dim3 grid, dim3 block, void (*body)(void*), void* ctx);
 
 template <typename... A>
 struct Pending;
@@ -74,7 +75,7 @@ void operator|(void (*kernel)(P...), Pending<A...> pending) {
     std::tuple<P...> params;
   } call{kernel, std::apply([](auto&... a) { return std::tuple<P...>(a...); }, pending.args)};
   run_grid(
-      pending.launch.grid, pending.launch.block,
+      reinterpret_cast<const void*>(kernel), pending.launch.grid, pending.launch.block,
       [](void* ctx) {
         auto* c = static_cast<Call*>(ctx);
         std::apply(c->kernel, c->params);

@@ -1,6 +1,7 @@
-// The CUDA runtime calls of lib/cuda on the CPU, for the emulated backend (tests/emu): one device
-// whose memory is host memory (tracked, so that cudaPointerGetAttributes tells device from host
-// allocations), streams that run every call at once, events that record the host clock.
+// The CUDA runtime calls of lib/cuda on the CPU, for the emulated backend (tests/emu): devices
+// (1, or DP_EMU_DEVICES) whose memory is host memory (tracked, so that cudaPointerGetAttributes
+// tells device from host allocations), streams that run every call at once, events that record the
+// host clock.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -66,9 +67,15 @@ struct Event {
   std::chrono::steady_clock::time_point at;
 };
 
-bool valid_device(int device) {
-  return device == 0;
+// DP_EMU_DEVICES devices (default 1), all of them views of the same host memory.
+int device_count() {
+  const char* env = std::getenv("DP_EMU_DEVICES");
+  return env != nullptr ? std::max(1, std::atoi(env)) : 1;
 }
+bool valid_device(int device) {
+  return device >= 0 && device < device_count();
+}
+thread_local int current_device = 0;
 
 }  // namespace
 
@@ -109,16 +116,18 @@ const char* cudaGetErrorString(cudaError_t error) {
 }
 
 cudaError_t cudaGetDeviceCount(int* count) {
-  *count = 1;
+  *count = device_count();
   return cudaSuccess;
 }
 
 cudaError_t cudaSetDevice(int device) {
-  return valid_device(device) ? cudaSuccess : cudaErrorInvalidDevice;
+  if (!valid_device(device)) return cudaErrorInvalidDevice;
+  current_device = device;
+  return cudaSuccess;
 }
 
 cudaError_t cudaGetDevice(int* device) {
-  *device = 0;
+  *device = current_device;
   return cudaSuccess;
 }
 
@@ -155,7 +164,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 
 cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
   if (!valid_device(device)) return cudaErrorInvalidDevice;
-  std::snprintf(bus_id, size_t(len), "0000:00:00.0");
+  std::snprintf(bus_id, size_t(len), "0000:%02x:00.0", device);
   return cudaSuccess;
 }
 
@@ -195,7 +204,7 @@ cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* attr, const void* pt
   --it;
   if (p >= it->first + std::max<size_t>(it->second.first, 1)) return cudaSuccess;
   attr->type = it->second.second;
-  attr->device = 0;
+  attr->device = current_device;
   if (attr->type == cudaMemoryTypeDevice) attr->devicePointer = const_cast<char*>(p);
   if (attr->type == cudaMemoryTypeHost) attr->hostPointer = const_cast<char*>(p);
   return cudaSuccess;
@@ -227,6 +236,9 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t) {
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) {
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned int) {

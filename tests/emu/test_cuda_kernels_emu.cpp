@@ -168,6 +168,15 @@ void for_each_mode(F&& body) {
   }
 }
 
+// Every launch on fibers (not only each kernel's first): barriers and orders are what these
+// tests exercise.
+class AlwaysFibers : public ::testing::Environment {
+ public:
+  void SetUp() override { dp_emu::set_always_fibers(true); }
+};
+[[maybe_unused]] ::testing::Environment* const kAlwaysFibers =
+    ::testing::AddGlobalTestEnvironment(new AlwaysFibers);
+
 template <typename S>
 class EmulatedKernels : public ::testing::Test {
  protected:

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# dptrain and dppredict with --device cuda on the CPU emulation of CUDA, cuDNN and NCCL (tests/emu),
+# 2 ranks on 2 emulated GPUs: what scripts/gpu-check.sh runs on a GPU, at a smaller size. 2 epochs
+# then a resumed 3rd (the same losses as an uninterrupted --device cpu run), dppredict on the
+# checkpoint (the CPU's IoU and Dice), and one --precision bf16 epoch.
+# Usage: run_dptrain_emu.sh DPTRAIN_EMU DPPREDICT_EMU MPIRUN_SCRIPT
+set -euo pipefail
+dptrain=$1 dppredict=$2 mpirun=$3
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+export DP_EMU_DEVICES=2 DP_EMU_GRID_LIMIT=4 OMP_NUM_THREADS=1
+common=(--synth-cache "$tmp/synth.h5" --max-steps 6 --log-every 1000 --no-tf32)
+run() { bash "$mpirun" -np 2 -x DP_EMU_DEVICES -x DP_EMU_GRID_LIMIT -x OMP_NUM_THREADS "$@"; }
+check() {
+  if ! eval "$1"; then
+    echo "FAILED: $2"
+    exit 1
+  fi
+  echo "ok: $2"
+}
+# "epoch E/N ... train_loss X  valid_loss Y ..." -> "E X Y"
+losses() { sed -n 's/^epoch \([0-9]*\)\/[0-9]*  .*train_loss \([0-9.]*\)  valid_loss \([0-9.]*\).*/\1 \2 \3/p' "$1"; }
+
+run "$dptrain" --device cuda --model-dir "$tmp/cuda" --epochs 2 "${common[@]}" >"$tmp/cuda.log" 2>&1 ||
+  { tail -n 30 "$tmp/cuda.log"; exit 1; }
+run "$dptrain" --device cuda --model-dir "$tmp/cuda" --epochs 3 "${common[@]}" >>"$tmp/cuda.log" 2>&1 ||
+  { tail -n 30 "$tmp/cuda.log"; exit 1; }
+cat "$tmp/cuda.log" | grep -E "^(device|dptrain|GPU memory|gradients|epoch)"
+check 'grep -q "GPU 1 of 2\|GPU 0 of 2" "$tmp/cuda.log"' "one emulated GPU per rank"
+check 'grep -q "ncclAllReduce" "$tmp/cuda.log"' "gradients through the NCCL reducer"
+check 'grep -q "resumed from epoch 2" "$tmp/cuda.log"' "the 3rd epoch resumed from the epoch-2 checkpoint"
+
+run "$dptrain" --device cpu --model-dir "$tmp/cpu" --epochs 3 "${common[@]}" >"$tmp/cpu.log" 2>&1 ||
+  { tail -n 30 "$tmp/cpu.log"; exit 1; }
+losses "$tmp/cuda.log" >"$tmp/cuda.losses"
+losses "$tmp/cpu.log" >"$tmp/cpu.losses"
+echo "epoch train_loss valid_loss: cuda (resumed) | cpu"
+paste "$tmp/cuda.losses" "$tmp/cpu.losses"
+# Losses as printed (4 decimals): within 2e-4 absolute of the CPU's, every epoch.
+check 'test "$(wc -l <"$tmp/cuda.losses")" = 3 && paste "$tmp/cuda.losses" "$tmp/cpu.losses" |
+  awk "{ if (\$1 != \$4 || (\$2 - \$5) ^ 2 > 4e-8 || (\$3 - \$6) ^ 2 > 4e-8) bad = 1 } END { exit bad }"' \
+  "--device cuda (2 epochs + resumed 3rd) has the losses of an uninterrupted --device cpu run"
+
+# The checkpoint's validation metrics at threshold 0.1 (0.5 finds no crack after 18 steps).
+metrics() { sed -n 's/.* iou \([0-9.]*\)  dice \([0-9.]*\) .*/\1 \2/p' "$1" | tail -n 1; }
+for device in cuda cpu; do
+  DP_EMU_DEVICES=1 "$dppredict" -c "$tmp/cuda/model_best.h5" --dataset "$tmp/synth.h5" -q \
+    --threshold 0.1 --device "$device" >"$tmp/predict-$device.log" 2>&1 ||
+    { cat "$tmp/predict-$device.log"; exit 1; }
+done
+echo "dppredict iou dice: cuda $(metrics "$tmp/predict-cuda.log"), cpu $(metrics "$tmp/predict-cpu.log")"
+check 'echo "$(metrics "$tmp/predict-cuda.log") $(metrics "$tmp/predict-cpu.log")" |
+  awk "NF == 4 && \$1 > 0 { exit !((\$1 - \$3) ^ 2 < 1e-6 && (\$2 - \$4) ^ 2 < 1e-6) } NF != 4 || \$1 <= 0 { exit 1 }"' \
+  "dppredict --device cuda gives the CPU's IoU and Dice (within 1e-3, IoU > 0)"
+
+run "$dptrain" --device cuda --precision bf16 --model-dir "$tmp/bf16" --epochs 1 "${common[@]}" \
+  >"$tmp/bf16.log" 2>&1 || { tail -n 30 "$tmp/bf16.log"; exit 1; }
+grep -E "^epoch" "$tmp/bf16.log"
+check 'grep -q "^epoch 1/1 .*train_loss 0\.[0-9]" "$tmp/bf16.log"' "--precision bf16 trains an epoch"
