@@ -10,7 +10,9 @@
 # Python whose PyTorch sees the GPU: then PyTorch runs beside dptrain through bench/compare_gpu.sh;
 # default python3 when it has CUDA PyTorch), DP_SKIP_DEPS=1 (do not run scripts/install-deps.sh,
 # e.g. offline), DP_PREBUILT=1 (use the binaries already in DP_BUILD_DIR, e.g. a folder made by
-# scripts/gpu-bundle.sh on a machine that has the dependencies; implies DP_SKIP_DEPS=1).
+# scripts/gpu-bundle.sh on a machine that has the dependencies; implies DP_SKIP_DEPS=1),
+# DPTRAIN_ARGS (more dptrain options for the end-to-end runs, e.g. "--max-steps 6").
+# tests/emu/rehearse_gpu_check.sh runs this script on the CPU emulation of the CUDA backend.
 #
 # 1. A GPU must be visible (nvidia-smi, CUDA_VISIBLE_DEVICES), else exit 1 before building.
 # 2. scripts/install-deps.sh (system packages; a failure only warns: CMake names what is missing).
@@ -35,6 +37,7 @@ BATCH=${BATCH:-16}
 STEPS=${STEPS:-20}
 WARMUP=${WARMUP:-5}
 STEP_TIMEOUT=${STEP_TIMEOUT:-600}
+read -ra dptrain_extra <<<"${DPTRAIN_ARGS:-}"
 START=$SECONDS
 failures=()
 summary=()
@@ -199,7 +202,7 @@ run_dir="$LOGS/dptrain-run"
 rm -rf "$run_dir"
 say "running dptrain --device cuda on $ngpu rank(s): 2 epochs, then a resumed third"
 dptrain_cmd=(bash scripts/mpirun.sh -np "$ngpu" "$BUILD/app/dptrain" --device cuda
-  --model-dir "$run_dir" --log-every 1000)
+  --model-dir "$run_dir" --log-every 1000 "${dptrain_extra[@]}")
 if timeout "$STEP_TIMEOUT" "${dptrain_cmd[@]}" --epochs 2 >"$LOGS/dptrain.log" 2>&1 &&
   timeout "$STEP_TIMEOUT" "${dptrain_cmd[@]}" --epochs 3 >>"$LOGS/dptrain.log" 2>&1 &&
   grep -q "resumed from epoch 2" "$LOGS/dptrain.log"; then
@@ -236,7 +239,7 @@ bf16_dir="$LOGS/dptrain-bf16-run"
 rm -rf "$bf16_dir"
 say "running dptrain --device cuda --precision bf16 on $ngpu rank(s): 2 epochs"
 if timeout "$STEP_TIMEOUT" bash scripts/mpirun.sh -np "$ngpu" "$BUILD/app/dptrain" --device cuda \
-  --precision bf16 --model-dir "$bf16_dir" --log-every 1000 --epochs 2 \
+  --precision bf16 --model-dir "$bf16_dir" --log-every 1000 --epochs 2 "${dptrain_extra[@]}" \
   >"$LOGS/dptrain-bf16.log" 2>&1 && grep -q "epoch 2/2 " "$LOGS/dptrain-bf16.log"; then
   last=$(grep -E 'epoch 2/2 ' "$LOGS/dptrain-bf16.log" | tail -n 1 | sed 's/.*epoch 2/epoch 2/')
   add "dptrain --device cuda --precision bf16: 2 epochs ok;" \
