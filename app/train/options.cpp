@@ -135,8 +135,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "whole-model weights (tools/pt_to_h5.py, or a checkpoint) for a fresh run");
   po::options_description optim("Optimisation");
   optim.add_options()("epochs", po::value(&o.epochs)->default_value(o.epochs),
-                      "epochs to train in total")("lr", po::value(&o.lr)->default_value(o.lr),
-                                                  "base learning rate")(
+                      "epochs to train in total")("lr", po::value(&o.lr),
+                                                  "base learning rate (default: 0.05 with sgd, "
+                                                  "0.001 with adamw, PyTorch's AdamW default)")(
       "optimizer", po::value(&o.optimizer)->default_value(o.optimizer),
       "sgd or adamw (PyTorch semantics)")(
       "momentum", po::value(&o.momentum)->default_value(o.momentum), "SGD momentum")(
@@ -253,6 +254,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
     if (print_help) std::cout << all << "\n";
     return std::nullopt;
   }
+  // AdamW at SGD's rate diverges: without --lr, each optimiser gets its own default.
+  if (vm.count("lr") == 0)
+    o.lr = o.optimizer == "adamw" ? TrainOptions::kAdamWLr : TrainOptions::kSgdLr;
   o.overlap = !vm["no-overlap"].as<bool>();
   o.tf32 = !vm["no-tf32"].as<bool>();
   if (o.resume == "none") o.resume = "never";  // the older spelling

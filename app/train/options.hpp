@@ -40,7 +40,8 @@ struct TrainOptions {
   std::string init_weights;     // whole-model weights (fresh runs only)
   // optimisation
   int epochs = 10;
-  double lr = 0.05;
+  static constexpr double kSgdLr = 0.05, kAdamWLr = 1e-3;  // --lr's default per optimiser
+  double lr = kSgdLr;
   std::string optimizer = "sgd";  // sgd | adamw
   double momentum = 0.9;          // SGD
   bool nesterov = false;          // SGD

@@ -26,6 +26,19 @@ std::string usage_error(std::vector<const char*> args) {
   return "(no error)";
 }
 
+// Without --lr each optimiser starts from its own rate (AdamW at SGD's 0.05 diverges).
+TEST(Config, LearningRateDefaultsPerOptimizer) {
+  EXPECT_EQ(parse({})->lr, 0.05);
+  EXPECT_EQ(parse({"--optimizer", "adamw"})->lr, 1e-3);
+  EXPECT_EQ(parse({"--optimizer", "adamw", "--lr", "0.01"})->lr, 0.01);
+  EXPECT_EQ(parse({"--optimizer", "sgd", "--lr", "0.2"})->lr, 0.2);
+  test::TempDir dir;
+  const std::string path = dir.file("adamw.ini");
+  std::ofstream(path) << "optimizer = adamw\n";
+  EXPECT_EQ(parse({"--config", path.c_str()})->lr, 1e-3);
+  EXPECT_NE(parse({"--optimizer", "adamw"})->describe().find("lr = 0.001\n"), std::string::npos);
+}
+
 TEST(Config, IniValuesWithTheCommandLineWinning) {
   test::TempDir dir;
   const std::string path = dir.file("run.ini");
