@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -75,6 +76,11 @@ Scheduler& sched() {
   return s;
 }
 
+// Thread t of the running block (x fastest).
+uint3 thread_index(unsigned t) {
+  return uint3{t % block_dim.x, t / block_dim.x % block_dim.y, t / (block_dim.x * block_dim.y)};
+}
+
 [[noreturn]] void fail(const char* what) {
   std::fprintf(stderr, "cuda_emu: %s (block %u,%u,%u thread %u,%u,%u)\n", what, block_idx.x,
                block_idx.y, block_idx.z, sched().current ? sched().current->index.x : 0u,
@@ -120,8 +126,7 @@ void run_block(Scheduler& s, unsigned threads) {
     s.warps[w].barrier.members = std::min(kWarpSize, threads - w * kWarpSize);
   for (unsigned t = 0; t < threads; ++t) {
     Fiber& f = s.fibers[t];
-    f.index =
-        uint3{t % block_dim.x, t / block_dim.x % block_dim.y, t / (block_dim.x * block_dim.y)};
+    f.index = thread_index(t);
     f.warp = t / kWarpSize;
     f.lane = t % kWarpSize;
     f.done = false;
@@ -207,8 +212,7 @@ void run_block_plain(Scheduler& s, unsigned threads) {
   const bool reverse = s.order == Order::kReverse;
   for (unsigned i = 0; i < threads; ++i) {
     const unsigned t = reverse ? threads - 1 - i : i;
-    s.plain_thread.index =
-        uint3{t % block_dim.x, t / block_dim.x % block_dim.y, t / (block_dim.x * block_dim.y)};
+    s.plain_thread.index = thread_index(t);
     s.current = &s.plain_thread;
     s.body(s.ctx);
     s.current = nullptr;
@@ -217,6 +221,9 @@ void run_block_plain(Scheduler& s, unsigned threads) {
 }
 
 void run_grid(const void* kernel, dim3 grid, dim3 block, void (*body)(void*), void* ctx) {
+  // One launch at a time: the scheduler is global (a launch from another host thread waits).
+  static std::mutex mutex;
+  const std::lock_guard lock(mutex);
   Scheduler& s = sched();
   if (s.current != nullptr) fail("kernel launched from a kernel");
   const unsigned threads = block.x * block.y * block.z;

@@ -3,9 +3,9 @@
 # script itself (its steps, log parsing and summary) is checked before a GPU machine runs it: the
 # emulated binaries stand in for the real ones (DP_PREBUILT=1), a stub nvidia-smi lists 2 emulated
 # GPUs, and the sizes are small (SIZE=32 BATCH=2 STEPS=2, --max-steps 6). No PyTorch, no speed.
-# Usage: rehearse_gpu_check.sh BUILD_DIR (a build with the emu targets, e.g. build/default)
+# Usage: rehearse_gpu_check.sh EMU_DIR (where the emu targets are, e.g. build/default/tests/emu)
 set -euo pipefail
-build=$(cd "$1" && pwd)
+emu=$(cd "$1" && pwd)
 root=$(cd "$(dirname "$0")/../.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -19,11 +19,9 @@ case "$*" in
 esac
 EOF
 chmod +x "$tmp/bin/nvidia-smi"
-for pair in tests/test_cuda:tests/test_cuda_emu tests/test_cuda_backend:tests/test_cuda_backend_emu \
-  tests/test_nccl_reducer_mpi:tests/test_nccl_reducer_mpi_emu \
-  bench/bench_gpu_throughput:tests/bench_gpu_throughput_emu app/dptrain:tests/dptrain_emu \
-  app/dppredict:tests/dppredict_emu; do
-  ln -s "$build/${pair#*:}" "$tmp/build/${pair%%:*}"
+for b in tests/test_cuda tests/test_cuda_backend tests/test_nccl_reducer_mpi \
+  bench/bench_gpu_throughput app/dptrain app/dppredict; do
+  ln -s "$emu/${b#*/}_emu" "$tmp/build/$b"
 done
 cd "$root"
 # The GPU tests without the convolution and model-step tests (test_cuda_backend_emu runs those).
