@@ -496,11 +496,13 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     model_ = make_model(mc, *backend_);
     if (opt_.sync_bn)  // batch statistics over all ranks (forward and backward)
       model_->set_stat_reducer([this](double* sums, size_t n) { comm_.allreduce_sum(sums, n); });
-    try {
-      model_->setup(opt_.batch_size, height_, width_);
-    } catch (const Error& e) {
-      throw UsageError(str_cat("dataset '", data_path_, "': ", e.what()));
-    }
+    // The images' size is the dataset's fault; any other setup error (device memory) is not.
+    const int multiple = model_->size_multiple();
+    if (height_ % multiple != 0 || width_ % multiple != 0)
+      throw UsageError(str_cat("dataset '", data_path_, "': images are ", height_, "x", width_,
+                               " (HxW); model ", opt_.model,
+                               " needs a height and width that are multiples of ", multiple));
+    model_->setup(opt_.batch_size, height_, width_);
     optim_ = make_optimizer(opt_, model_->params(), *backend_);
     diff_logits_ = Buffer(static_cast<size_t>(opt_.batch_size) * height_ * width_ * sizeof(float),
                           backend_->device_memory());

@@ -3,7 +3,8 @@
 # 2 ranks on 2 emulated GPUs: what scripts/gpu-check.sh runs on a GPU, at a smaller size. 2 epochs
 # then a resumed 3rd (the same losses as an uninterrupted --device cpu run), three variants (sync-BN
 # ResNet, deconv + AdamW, accumulation + small buckets + clipping; the CPU's losses), dppredict on
-# the checkpoint (the CPU's IoU and Dice), and one --precision bf16 epoch.
+# the checkpoint (the CPU's IoU and Dice), one rank out of device memory (one error line, no
+# hang), and one --precision bf16 epoch.
 # Usage: run_dptrain_emu.sh DPTRAIN_EMU DPPREDICT_EMU MPIRUN_SCRIPT
 set -euo pipefail
 dptrain=$1 dppredict=$2 mpirun=$3
@@ -76,6 +77,23 @@ echo "dppredict iou dice: cuda $(metrics "$tmp/predict-cuda.log"), cpu $(metrics
 check 'echo "$(metrics "$tmp/predict-cuda.log") $(metrics "$tmp/predict-cpu.log")" |
   awk "NF == 4 && \$1 > 0 { exit !((\$1 - \$3) ^ 2 < 1e-6 && (\$2 - \$4) ^ 2 < 1e-6) } NF != 4 || \$1 <= 0 { exit 1 }"' \
   "dppredict --device cuda gives the CPU's IoU and Dice (within 1e-3, IoU > 0)"
+
+# One rank's GPU too small for the model: that rank's one error line (cudaMalloc, the device, what
+# it holds), exit status 1, no rank left waiting, no checkpoint.
+cat >"$tmp/small_gpu_on_rank1.sh" <<'EOF'
+#!/bin/sh
+[ "$OMPI_COMM_WORLD_RANK" = 1 ] && export DP_EMU_DEVICE_MIB=8
+exec "$@"
+EOF
+status=0
+timeout 120 bash "$mpirun" -np 2 -x DP_EMU_DEVICES -x DP_EMU_GRID_LIMIT -x OMP_NUM_THREADS \
+  sh "$tmp/small_gpu_on_rank1.sh" "$dptrain" --device cuda --model-dir "$tmp/oom" --epochs 1 \
+  "${common[@]}" >"$tmp/oom.log" 2>&1 </dev/null || status=$?
+grep "error" "$tmp/oom.log" || true
+check 'test "$status" = 1 && test "$(grep -c "dptrain: error:" "$tmp/oom.log")" = 1 &&
+  grep -q "dptrain: error: \[rank 1\] cudaMalloc of .* failed on device 1 .*out of memory" \
+    "$tmp/oom.log" && ! test -e "$tmp/oom/model_best.h5"' \
+  "a GPU too small on one rank: one error line from that rank, exit status 1, no hang"
 
 run "$dptrain" --device cuda --precision bf16 --model-dir "$tmp/bf16" --epochs 1 "${common[@]}" \
   >"$tmp/bf16.log" 2>&1 || { tail -n 30 "$tmp/bf16.log"; exit 1; }
