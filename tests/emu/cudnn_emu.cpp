@@ -199,6 +199,21 @@ cudnnStatus_t prepare(const Conv& g, int algo, void* ws, size_t ws_bytes) {
   return CUDNN_STATUS_SUCCESS;
 }
 
+// A pass's call: its arguments checked (prepare), its output overlapping neither input refused,
+// then run() (which may refuse too).
+struct Span {
+  const void* p;
+  size_t bytes;
+};
+template <typename Run>
+cudnnStatus_t call(const Conv& g, int algo, void* ws, size_t ws_bytes, Span out, Span in1, Span in2,
+                   Run&& run) {
+  if (const cudnnStatus_t s = prepare(g, algo, ws, ws_bytes); s != CUDNN_STATUS_SUCCESS) return s;
+  if (overlaps(out.p, out.bytes, in1.p, in1.bytes) || overlaps(out.p, out.bytes, in2.p, in2.bytes))
+    return CUDNN_STATUS_BAD_PARAM;
+  return run();
+}
+
 // The three passes; results combined as alpha * result + beta * old (beta == 0: old unread).
 void forward(const Conv& g, int algo, float alpha, const void* x, const void* w, float beta,
              void* y, std::vector<float>* result = nullptr) {
@@ -627,12 +642,11 @@ cudnnStatus_t cudnnConvolutionForward(cudnnHandle_t, const void* alpha,
                                       cudnnConvolutionFwdAlgo_t algo, void* ws, size_t ws_bytes,
                                       const void* beta, const cudnnTensorDescriptor_t yd, void* y) {
   const Conv g{xd, wd, conv, yd};
-  if (const cudnnStatus_t s = prepare(g, int(algo), ws, ws_bytes); s != CUDNN_STATUS_SUCCESS)
-    return s;
-  if (overlaps(y, bytes_of(*yd), x, bytes_of(*xd)) || overlaps(y, bytes_of(*yd), w, bytes_of(*wd)))
-    return CUDNN_STATUS_BAD_PARAM;
-  forward(g, int(algo), scalar(alpha), x, w, scalar(beta), y);
-  return CUDNN_STATUS_SUCCESS;
+  return call(g, int(algo), ws, ws_bytes, {y, bytes_of(*yd)}, {x, bytes_of(*xd)},
+              {w, bytes_of(*wd)}, [&] {
+                forward(g, int(algo), scalar(alpha), x, w, scalar(beta), y);
+                return CUDNN_STATUS_SUCCESS;
+              });
 }
 
 cudnnStatus_t cudnnConvolutionBiasActivationForward(
@@ -643,33 +657,32 @@ cudnnStatus_t cudnnConvolutionBiasActivationForward(
     const void* bias, const cudnnActivationDescriptor_t act, const cudnnTensorDescriptor_t yd,
     void* y) {
   const Conv g{xd, wd, conv, yd};
-  if (const cudnnStatus_t s = prepare(g, int(algo), ws, ws_bytes); s != CUDNN_STATUS_SUCCESS)
-    return s;
-  if (xd->type != CUDNN_DATA_FLOAT || !act->set) return CUDNN_STATUS_NOT_SUPPORTED;
-  if (act->mode != CUDNN_ACTIVATION_RELU &&
-      !(act->mode == CUDNN_ACTIVATION_IDENTITY && int(algo) == 1))
-    return CUDNN_STATUS_NOT_SUPPORTED;
-  if (!bd->set || bd->n != 1 || bd->c != yd->c || bd->h != 1 || bd->w != 1 ||
-      bd->type != CUDNN_DATA_FLOAT || !zd->set || zd->n != yd->n || zd->c != yd->c ||
-      zd->h != yd->h || zd->w != yd->w)
-    return CUDNN_STATUS_BAD_PARAM;
-  if (overlaps(y, bytes_of(*yd), x, bytes_of(*xd)) || overlaps(y, bytes_of(*yd), w, bytes_of(*wd)))
-    return CUDNN_STATUS_BAD_PARAM;
-  std::vector<float> conv_out;
-  forward(g, int(algo), 1.0f, x, w, 0.0f, nullptr, &conv_out);
-  const float a1 = scalar(alpha1), a2 = scalar(alpha2);
-  const float* b = static_cast<const float*>(bias);
-  size_t o = 0;
-  for (int n = 0; n < yd->n; ++n)
-    for (int h = 0; h < yd->h; ++h)
-      for (int w2 = 0; w2 < yd->w; ++w2)
-        for (int k = 0; k < yd->c; ++k) {
-          const float zv = a2 != 0.0f ? load(z, zd->type, offset(*zd, n, k, h, w2)) : 0.0f;
-          float v = a1 * conv_out[o++] + a2 * zv + b[k];
-          if (act->mode == CUDNN_ACTIVATION_RELU) v = std::max(v, 0.0f);
-          store(y, yd->type, offset(*yd, n, k, h, w2), v);
-        }
-  return CUDNN_STATUS_SUCCESS;
+  return call(
+      g, int(algo), ws, ws_bytes, {y, bytes_of(*yd)}, {x, bytes_of(*xd)}, {w, bytes_of(*wd)}, [&] {
+        if (xd->type != CUDNN_DATA_FLOAT || !act->set) return CUDNN_STATUS_NOT_SUPPORTED;
+        if (act->mode != CUDNN_ACTIVATION_RELU &&
+            !(act->mode == CUDNN_ACTIVATION_IDENTITY && int(algo) == 1))
+          return CUDNN_STATUS_NOT_SUPPORTED;
+        if (!bd->set || bd->n != 1 || bd->c != yd->c || bd->h != 1 || bd->w != 1 ||
+            bd->type != CUDNN_DATA_FLOAT || !zd->set || zd->n != yd->n || zd->c != yd->c ||
+            zd->h != yd->h || zd->w != yd->w)
+          return CUDNN_STATUS_BAD_PARAM;
+        std::vector<float> conv_out;
+        forward(g, int(algo), 1.0f, x, w, 0.0f, nullptr, &conv_out);
+        const float a1 = scalar(alpha1), a2 = scalar(alpha2);
+        const float* b = static_cast<const float*>(bias);
+        size_t o = 0;
+        for (int n = 0; n < yd->n; ++n)
+          for (int h = 0; h < yd->h; ++h)
+            for (int w2 = 0; w2 < yd->w; ++w2)
+              for (int k = 0; k < yd->c; ++k) {
+                const float zv = a2 != 0.0f ? load(z, zd->type, offset(*zd, n, k, h, w2)) : 0.0f;
+                float v = a1 * conv_out[o++] + a2 * zv + b[k];
+                if (act->mode == CUDNN_ACTIVATION_RELU) v = std::max(v, 0.0f);
+                store(y, yd->type, offset(*yd, n, k, h, w2), v);
+              }
+        return CUDNN_STATUS_SUCCESS;
+      });
 }
 
 cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t, const void* alpha,
@@ -680,13 +693,11 @@ cudnnStatus_t cudnnConvolutionBackwardData(cudnnHandle_t, const void* alpha,
                                            size_t ws_bytes, const void* beta,
                                            const cudnnTensorDescriptor_t dxd, void* dx) {
   const Conv g{dxd, wd, conv, dyd};
-  if (const cudnnStatus_t s = prepare(g, int(algo), ws, ws_bytes); s != CUDNN_STATUS_SUCCESS)
-    return s;
-  if (overlaps(dx, bytes_of(*dxd), dy, bytes_of(*dyd)) ||
-      overlaps(dx, bytes_of(*dxd), w, bytes_of(*wd)))
-    return CUDNN_STATUS_BAD_PARAM;
-  backward_data(g, int(algo), scalar(alpha), w, dy, scalar(beta), dx);
-  return CUDNN_STATUS_SUCCESS;
+  return call(g, int(algo), ws, ws_bytes, {dx, bytes_of(*dxd)}, {dy, bytes_of(*dyd)},
+              {w, bytes_of(*wd)}, [&] {
+                backward_data(g, int(algo), scalar(alpha), w, dy, scalar(beta), dx);
+                return CUDNN_STATUS_SUCCESS;
+              });
 }
 
 cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t, const void* alpha,
@@ -697,13 +708,11 @@ cudnnStatus_t cudnnConvolutionBackwardFilter(cudnnHandle_t, const void* alpha,
                                              size_t ws_bytes, const void* beta,
                                              const cudnnFilterDescriptor_t dwd, void* dw) {
   const Conv g{xd, dwd, conv, dyd};
-  if (const cudnnStatus_t s = prepare(g, int(algo), ws, ws_bytes); s != CUDNN_STATUS_SUCCESS)
-    return s;
-  if (overlaps(dw, bytes_of(*dwd), x, bytes_of(*xd)) ||
-      overlaps(dw, bytes_of(*dwd), dy, bytes_of(*dyd)))
-    return CUDNN_STATUS_BAD_PARAM;
-  backward_filter(g, int(algo), scalar(alpha), x, dy, scalar(beta), dw);
-  return CUDNN_STATUS_SUCCESS;
+  return call(g, int(algo), ws, ws_bytes, {dw, bytes_of(*dwd)}, {x, bytes_of(*xd)},
+              {dy, bytes_of(*dyd)}, [&] {
+                backward_filter(g, int(algo), scalar(alpha), x, dy, scalar(beta), dw);
+                return CUDNN_STATUS_SUCCESS;
+              });
 }
 
 }  // extern "C"
