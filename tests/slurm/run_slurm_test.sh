@@ -9,7 +9,7 @@
 #  1. munged with its own key and socket; slurm.conf for one node named after `hostname -s`
 #     (CPUs=2, free ports, state/spool/log/pid files in the folder); slurmctld and slurmd.
 #  2. `dpprep synth` writes a tiny dataset; `sbatch jobscripts/slurm/train-cpu.sbatch` trains on
-#     it with 2 ranks (width divisor 16, 32x32 images, 3 epochs of 1536 steps), once with
+#     it with 2 ranks (width divisor 16, 32x32 images, 3 epochs of 4608 steps), once with
 #     LAUNCHER=srun (PMIx) and once with LAUNCHER=mpirun (DP_SLURM_TEST_LAUNCHERS picks).
 #  3. Once the job has logged a step of epoch 2, `scancel --signal=USR1 --batch JOB` (what
 #     `--signal=B:USR1@<grace>` does near the time limit): the batch shell passes the signal on,
@@ -30,7 +30,7 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 sbatch_script=$repo/jobscripts/slurm/train-cpu.sbatch
 
 EPOCHS=3                              # epochs the job must finish with
-TRAIN_SAMPLES=6144                    # 2 ranks x batch 2 -> 1536 steps per epoch (a few seconds)
+TRAIN_SAMPLES=18432                   # 2 ranks x batch 2 -> 4608 steps per epoch (about 8 s)
 BUDGET_S=${DP_SLURM_TEST_BUDGET_S:-300}  # the test fails (not hangs) past this; ctest kills at 360
 start_s=$SECONDS
 
@@ -276,7 +276,8 @@ run_job() {
   joblog=$work/job-$job.out
   log "LAUNCHER=$LAUNCHER: submitted job $job"
 
-  # Preempt once epoch 2 is under way: a step line of epoch 2 (over 1500 steps are left).
+  # Preempt once epoch 2 is under way: a step line of epoch 2 (over 4500 steps, some 15 s, are
+  # left: room for a slow poll on a loaded machine, where 1500 steps once ran out).
   wait_for 120 "a training step of epoch 2 in $joblog" epoch2_or_end
   log "epoch 2 running: scancel --signal=USR1 --batch $job"
   scancel --signal=USR1 --batch "$job" || fail "scancel --signal=USR1 --batch $job failed"
