@@ -22,25 +22,30 @@ check() {
 }
 # "epoch E/N ... train_loss X  valid_loss Y ..." -> "E X Y"
 losses() { sed -n 's/^epoch \([0-9]*\)\/[0-9]*  .*train_loss \([0-9.]*\)  valid_loss \([0-9.]*\).*/\1 \2 \3/p' "$1"; }
+# same_losses LOG_A LOG_B N: N epochs in LOG_A, each with LOG_B's losses as printed (4 decimals)
+# within 2e-4 (+1e-5 relative); prints both side by side.
+same_losses() {
+  losses "$1" >"$tmp/a.losses"
+  losses "$2" >"$tmp/b.losses"
+  paste "$tmp/a.losses" "$tmp/b.losses"
+  test "$(wc -l <"$tmp/a.losses")" = "$3" && paste "$tmp/a.losses" "$tmp/b.losses" |
+    awk '{ if ($1 != $4 || ($2 - $5) ^ 2 > (2e-4 + 1e-5 * $5) ^ 2 ||
+               ($3 - $6) ^ 2 > (2e-4 + 1e-5 * $6) ^ 2) bad = 1 } END { exit bad }'
+}
 
 run "$dptrain" --device cuda --model-dir "$tmp/cuda" --epochs 2 "${common[@]}" >"$tmp/cuda.log" 2>&1 ||
   { tail -n 30 "$tmp/cuda.log"; exit 1; }
 run "$dptrain" --device cuda --model-dir "$tmp/cuda" --epochs 3 "${common[@]}" >>"$tmp/cuda.log" 2>&1 ||
   { tail -n 30 "$tmp/cuda.log"; exit 1; }
-cat "$tmp/cuda.log" | grep -E "^(device|dptrain|GPU memory|gradients|epoch)"
+grep -E "^(device|dptrain|GPU memory|gradients|epoch)" "$tmp/cuda.log"
 check 'grep -q "GPU 1 of 2\|GPU 0 of 2" "$tmp/cuda.log"' "one emulated GPU per rank"
 check 'grep -q "ncclAllReduce" "$tmp/cuda.log"' "gradients through the NCCL reducer"
 check 'grep -q "resumed from epoch 2" "$tmp/cuda.log"' "the 3rd epoch resumed from the epoch-2 checkpoint"
 
 run "$dptrain" --device cpu --model-dir "$tmp/cpu" --epochs 3 "${common[@]}" >"$tmp/cpu.log" 2>&1 ||
   { tail -n 30 "$tmp/cpu.log"; exit 1; }
-losses "$tmp/cuda.log" >"$tmp/cuda.losses"
-losses "$tmp/cpu.log" >"$tmp/cpu.losses"
 echo "epoch train_loss valid_loss: cuda (resumed) | cpu"
-paste "$tmp/cuda.losses" "$tmp/cpu.losses"
-# Losses as printed (4 decimals): within 2e-4 (+1e-5 relative) of the CPU's, every epoch.
-check 'test "$(wc -l <"$tmp/cuda.losses")" = 3 && paste "$tmp/cuda.losses" "$tmp/cpu.losses" |
-  awk "{ if (\$1 != \$4 || (\$2 - \$5) ^ 2 > (2e-4 + 1e-5 * \$5) ^ 2 || (\$3 - \$6) ^ 2 > (2e-4 + 1e-5 * \$6) ^ 2) bad = 1 } END { exit bad }"' \
+check 'same_losses "$tmp/cuda.log" "$tmp/cpu.log" 3' \
   "--device cuda (2 epochs + resumed 3rd) has the losses of an uninterrupted --device cpu run"
 
 # Other paths of the GPU trainer: ResNet UNet with sync-BN, transposed-convolution decoder with
@@ -53,11 +58,7 @@ while IFS= read -r opts; do
       "${common[@]}" "${extra[@]}" >"$tmp/$device-variant.log" 2>&1 </dev/null ||
       { tail -n 30 "$tmp/$device-variant.log"; exit 1; }
   done
-  losses "$tmp/cuda-variant.log" >"$tmp/cuda.losses"
-  losses "$tmp/cpu-variant.log" >"$tmp/cpu.losses"
-  paste "$tmp/cuda.losses" "$tmp/cpu.losses"
-  check 'test "$(wc -l <"$tmp/cuda.losses")" = 2 && paste "$tmp/cuda.losses" "$tmp/cpu.losses" |
-    awk "{ if (\$1 != \$4 || (\$2 - \$5) ^ 2 > (2e-4 + 1e-5 * \$5) ^ 2 || (\$3 - \$6) ^ 2 > (2e-4 + 1e-5 * \$6) ^ 2) bad = 1 } END { exit bad }"' \
+  check 'same_losses "$tmp/cuda-variant.log" "$tmp/cpu-variant.log" 2' \
     "--device cuda $opts: the CPU's losses"
   rm -rf "$tmp/cuda-variant" "$tmp/cpu-variant"
 done <<'EOF'
