@@ -346,9 +346,10 @@ float scalar(const void* p) {
 template <typename Perf, typename Run>
 cudnnStatus_t find(const Conv& g, Pass pass, int requested, int* returned, Perf* perf, void* ws,
                    size_t ws_bytes, Run&& run) {
-  if (const cudnnStatus_t s = check(g); s == CUDNN_STATUS_BAD_PARAM) return s;
+  const cudnnStatus_t status = check(g);
+  if (status == CUDNN_STATUS_BAD_PARAM) return status;
   if (requested < 1 || returned == nullptr || perf == nullptr) return CUDNN_STATUS_BAD_PARAM;
-  const bool supported = check(g) == CUDNN_STATUS_SUCCESS;
+  const bool supported = status == CUDNN_STATUS_SUCCESS;
   std::vector<Perf> out;
   for (const int algo : {1, 0}) {
     Perf p{};
@@ -379,9 +380,10 @@ cudnnStatus_t find(const Conv& g, Pass pass, int requested, int* returned, Perf*
 
 template <typename Perf>
 cudnnStatus_t heuristics(const Conv& g, Pass pass, int requested, int* returned, Perf* perf) {
-  if (const cudnnStatus_t s = check(g); s == CUDNN_STATUS_BAD_PARAM) return s;
+  const cudnnStatus_t status = check(g);
+  if (status == CUDNN_STATUS_BAD_PARAM) return status;
   if (requested < 1 || returned == nullptr || perf == nullptr) return CUDNN_STATUS_BAD_PARAM;
-  const bool supported = check(g) == CUDNN_STATUS_SUCCESS;
+  const bool supported = status == CUDNN_STATUS_SUCCESS;
   *returned = std::min(requested, kAlgorithms);
   for (int i = 0; i < *returned; ++i) {
     const int algo = 1 - i;
