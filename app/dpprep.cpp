@@ -414,6 +414,14 @@ int run(int argc, char** argv) {
   throw UsageError(dp::str_cat("unknown command '", name, "' (expected one of: ", known, ")"));
 }
 
+// One "dpprep: error: " line per line of the message (a failed build lists every bad file).
+void print_error(const std::string& what) {
+  std::istringstream lines(what);
+  std::string line;
+  while (std::getline(lines, line)) std::cerr << kProgram << ": error: " << line << "\n";
+  if (what.empty()) std::cerr << kProgram << ": error:\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -429,7 +437,7 @@ int main(int argc, char** argv) {
     std::cerr << kProgram << ": error: " << e.what() << "\n";
     return kExitUsage;
   } catch (const std::exception& e) {
-    std::cerr << kProgram << ": error: " << e.what() << "\n";
+    print_error(e.what());
     return kExitRuntime;
   }
 }

@@ -1,21 +1,29 @@
 // run_mpi_program: the main() shared by dptrain and dppredict.
 #include "mpi_main.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <string>
 
+#include "agreement.hpp"
+#include "exit_codes.hpp"
 #include "train/options.hpp"
 #include "train/trainer.hpp"
 
 namespace dp::app {
 namespace {
 
-constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;
+// One line, whatever the message holds (HDF5's error texts contain newlines).
+std::string one_line(const char* what) {
+  std::string line(what);
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  return line;
+}
 
 void report(const char* program, int rank, const char* what) {
-  std::fprintf(stderr, "%s: error: [rank %d] %s\n", program, rank, what);
+  std::fprintf(stderr, "%s: error: [rank %d] %s\n", program, rank, one_line(what).c_str());
   std::fflush(stderr);
 }
 
@@ -27,7 +35,7 @@ int run_mpi_program(const char* program, int& argc, char**& argv,
   try {
     env = std::make_unique<mpi::Env>(&argc, &argv);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    std::fprintf(stderr, "%s: error: %s\n", program, one_line(e.what()).c_str());
     return kExitFailure;
   }
   int rank = 0;
@@ -37,7 +45,7 @@ int run_mpi_program(const char* program, int& argc, char**& argv,
     return body(world);
   } catch (const UsageError& e) {
     // Every rank parses the same argv: a usage error is reported once, by rank 0.
-    if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", program, one_line(e.what()).c_str());
     return kExitUsage;
   } catch (const AgreedFailure& e) {
     // Every rank knows; the rank that saw the problem says what it was.

@@ -5,18 +5,22 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <unordered_map>
 
+#include "agreement.hpp"
 #include "dp/dataset.hpp"
 #include "dp/fs.hpp"
 #include "dp/image_io.hpp"
+#include "exit_codes.hpp"
 #include "predict/predictor.hpp"
 #include "train/options.hpp"
 #include "train/trainer.hpp"
@@ -30,8 +34,6 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-constexpr int kExitUsage = 2;
-constexpr int kExitFailure = 1;
 constexpr uint8_t kMaskOn = 255;  // crack pixels in the written masks
 constexpr float kMaxByte = 255.0f;
 // Overlay: crack pixels blended with this colour at this opacity.
@@ -101,33 +103,6 @@ class Progress {
   bool open_line_ = false;
 };
 
-// Every rank runs `fn`; then every rank learns whether any failed and throws AgreedFailure, the
-// lowest failing rank with its message. `extra` (summed over ranks in the same reduction) may
-// carry results.
-template <typename F>
-void agree(Comm& comm, F&& fn, std::vector<int64_t>* extra = nullptr) {
-  std::string message;
-  int64_t code = 0;
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    code = kExitUsage, message = e.what();
-  } catch (const std::exception& e) {
-    code = kExitFailure, message = e.what();
-  }
-  const size_t world = size_t(comm.size());
-  std::vector<int64_t> v(world, 0);
-  v[size_t(comm.rank())] = code;
-  if (extra != nullptr) v.insert(v.end(), extra->begin(), extra->end());
-  comm.allreduce_sum(v.data(), v.size());
-  if (extra != nullptr) std::copy(v.begin() + ptrdiff_t(world), v.end(), extra->begin());
-  for (size_t r = 0; r < world; ++r) {
-    if (v[r] == 0) continue;
-    const bool mine = int(r) == comm.rank();
-    throw AgreedFailure(mine ? message : str_cat("rank ", r, " failed"), int(v[r]), mine);
-  }
-}
-
 bool is_listed_image(const fs::directory_entry& e) {
   const std::string name = e.path().filename().string();
   return e.is_regular_file() && !name.empty() && name[0] != '.' && data::has_image_extension(name);
@@ -145,6 +120,25 @@ struct Input {
   std::string path;    // image file; empty for a dataset sample
   int64_t index = -1;  // dataset sample
 };
+
+// Writes a PNG whole or not at all: encoded in memory, written under a temporary name
+// (temp_path_for) and renamed into place, so that a failed write (e.g. a full disk) or a kill
+// never leaves a truncated image under an output's name.
+void write_png_whole(const std::string& path, const uint8_t* pixels, int width, int height,
+                     int channels) {
+  const std::vector<uint8_t> bytes = data::encode_png(pixels, width, height, channels);
+  const std::string tmp = temp_path_for(path);
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) fail("cannot write '", path, "': ", std::strerror(errno));
+  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() && std::fflush(f) == 0;
+  int err = ok ? 0 : errno;
+  if (std::fclose(f) != 0 && ok) ok = false, err = errno;
+  if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) ok = false, err = errno;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    fail("cannot write '", path, "': ", std::strerror(err));
+  }
+}
 
 std::string padded(int64_t v, int64_t largest) {
   const std::string digits = std::to_string(largest);
@@ -222,7 +216,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   if (o.device == "auto") gpu = comm.all_true(cuda::visible_device_count() > 0);
 #endif
   std::string device = "cpu (oneDNN)";
-  agree(comm, [&] {
+  collectively(comm, [&] {
 #ifdef DP_WITH_CUDA
     if (gpu) {
       cuda::DeviceInfo d;
@@ -281,11 +275,11 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     for (size_t i = 0; i < pixels; ++i) mask[i] = prob[i] > threshold ? kMaskOn : 0;
     const std::string file = inputs[id].name + ".png";
     if (!o.out.empty()) {
-      data::write_png((out / kMaskDir / file).string(), mask.data(), w, h, 1);
+      write_png_whole((out / kMaskDir / file).string(), mask.data(), w, h, 1);
       if (o.save_prob) {
         std::vector<uint8_t> p8(pixels);
         for (size_t i = 0; i < pixels; ++i) p8[i] = uint8_t(std::lround(prob[i] * kMaxByte));
-        data::write_png((out / kProbDir / file).string(), p8.data(), w, h, 1);
+        write_png_whole((out / kProbDir / file).string(), p8.data(), w, h, 1);
       }
       if (o.overlay) {
         std::vector<uint8_t> tinted(image.pixels);
@@ -296,7 +290,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
             v = uint8_t(std::lround((1.0f - kTintAlpha) * v + kTintAlpha * kTint[c]));
           }
         }
-        data::write_png((out / kOverlayDir / file).string(), tinted.data(), w, h, 3);
+        write_png_whole((out / kOverlayDir / file).string(), tinted.data(), w, h, 3);
       }
     }
     if (const auto t = truth.find(id); t != truth.end()) {
@@ -313,9 +307,22 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     progress.advance();
   };
 
+  // An input file that cannot be read or decoded: one error line now (the file named), counted,
+  // and the loop goes on with the next (no collective: the counts are summed at the end).
+  int64_t failed = 0;
+  auto unreadable = [&](const std::string& path, const std::string& what) {
+    progress.end_line();
+    const std::string line =
+        what.find(path) == std::string::npos ? str_cat(path, ": ", what) : what;
+    std::fprintf(stderr, "dppredict: error: [rank %d] %s\n", rank, line.c_str());
+    std::fflush(stderr);
+    ++failed;
+    progress.advance();
+  };
+
   // The loop has no collectives: a rank that fails stops and reports at the agreement below.
-  std::vector<int64_t> sums(5, 0);
-  agree(
+  std::vector<int64_t> sums(6, 0);
+  collectively(
       comm,
       [&] {
         TiledRunner& runner = predictor->runner();
@@ -332,12 +339,18 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
             truth.emplace(id, std::move(mask));
           } else {
             // Gray, palette and 16-bit files are converted to 8-bit RGB; transparency is refused.
-            image = data::read_image(in.path, data::PixelFormat::kRgb);
+            // A file that cannot be read or decoded is this input's failure, not the run's.
+            try {
+              image = data::read_image(in.path, data::PixelFormat::kRgb);
+            } catch (const Error& e) {
+              unreadable(in.path, e.what());
+              continue;
+            }
           }
           runner.submit(id, std::move(image), finish);
         }
         runner.flush();
-        sums = {m.tp, m.fp, m.fn, m.pixels, m.images};
+        sums = {m.tp, m.fp, m.fn, m.pixels, m.images, failed};
       },
       &sums);
   progress.end_line();
@@ -346,6 +359,14 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   log.info("dppredict: ", total.images, " image(s) in ", fixed(seconds, 1), " s (",
            fixed(double(total.images) / std::max(seconds, 1e-9), 1), " img/s)",
            o.out.empty() ? std::string() : str_cat("; masks in ", (out / kMaskDir).string()));
+  const int64_t failures = sums[5];
+  if (failures > 0 && rank == 0) {
+    std::fprintf(stderr,
+                 "dppredict: %lld image(s) predicted, %lld failed (could not be read; one error "
+                 "line each above)\n",
+                 static_cast<long long>(total.images), static_cast<long long>(failures));
+    std::fflush(stderr);
+  }
   if (dataset) {
     log.info("metrics on ", o.dataset, " /", o.split, " (", total.images, " images, ", total.pixels,
              " pixels, threshold ", o.threshold, "): iou ", fixed(total.iou(), 8), "  dice ",
@@ -353,7 +374,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
              fixed(total.recall(), 8));
   }
   if (metrics_out != nullptr) *metrics_out = total;
-  return 0;
+  return failures > 0 ? kExitSomeInputsFailed : kExitOk;
 }
 
 }  // namespace dp::app

@@ -44,6 +44,7 @@ std::string TrainOptions::describe() const {
      << "warmup_epochs = " << warmup_epochs << "\n"
      << "lr_scaling = " << lr_scaling << "\n"
      << "clip_grad_norm = " << clip_grad_norm << "\n"
+     << "skip_nonfinite_steps = " << skip_nonfinite_steps << "\n"
      << "lr_step = " << lr_step << "\n"
      << "lr_gamma = " << lr_gamma << "\n"
      << "threshold = " << threshold << "\n"
@@ -62,6 +63,7 @@ std::string TrainOptions::describe() const {
      << "accumulation_steps = " << accumulation_steps << "\n"
      << "allow_gpu_sharing = " << allow_gpu_sharing << "\n"
      << "check_sync_every = " << check_sync_every << "\n"
+     << "stall_timeout = " << stall_timeout << "\n"
      << "model_dir = " << model_dir << "\n"
      << "resume = " << resume << "\n"
      << "config = " << config << "\n"
@@ -155,6 +157,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "scale --lr by world size x accumulation steps: none, linear or sqrt")(
       "clip-grad-norm", po::value(&o.clip_grad_norm)->default_value(o.clip_grad_norm),
       "clip the global L2 norm of the averaged gradients to this (0: off)")(
+      "skip-nonfinite-steps",
+      po::value(&o.skip_nonfinite_steps)->default_value(o.skip_nonfinite_steps),
+      "skip up to K optimiser steps whose loss or gradient norm is not finite (no update), then "
+      "stop (exit 3); 0: stop at the first")(
       "lr-step", po::value(&o.lr_step)->default_value(o.lr_step), "epochs between LR decays")(
       "lr-gamma", po::value(&o.lr_gamma)->default_value(o.lr_gamma), "LR decay factor")(
       "pos-weight", po::bool_switch(&o.use_pos_weight),
@@ -194,7 +200,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "allow more ranks per node than visible GPUs (GPU selection only: NCCL training still "
       "needs one GPU per rank)")(
       "check-sync-every", po::value(&o.check_sync_every)->default_value(0),
-      "compare a hash of the parameters over ranks every N steps (0: never)");
+      "compare a hash of the parameters over ranks every N steps (0: never)")(
+      "stall-timeout", po::value(&o.stall_timeout)->default_value(o.stall_timeout),
+      "end the job (exit 4) when a collective waits longer than this many seconds, naming the "
+      "ranks that have not arrived (0: off)");
   // Benchmark-only switches: parsed, not shown by --help.
   po::options_description hidden("Hidden");
   hidden.add_options()("bench-skip-allreduce", po::bool_switch(&o.bench_skip_allreduce),
@@ -311,6 +320,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(o.bucket_mb > 0, "--bucket-mb must be positive, got ", o.bucket_mb);
   require(o.accumulation_steps >= 1, "--accumulation-steps must be at least 1, got ",
           o.accumulation_steps);
+  require(o.stall_timeout >= 0, "--stall-timeout must be >= 0 seconds (0: off), got ",
+          o.stall_timeout);
+  require(o.skip_nonfinite_steps >= 0, "--skip-nonfinite-steps must be >= 0, got ",
+          o.skip_nonfinite_steps);
   require(o.check_sync_every >= 0, "--check-sync-every must be >= 0, got ", o.check_sync_every);
   require(vm.count("width-divisor") == 0 || (o.width_divisor >= 1 && 32 % o.width_divisor == 0),
           "--width-divisor must be one of 1, 2, 4, 8, 16, 32, got ", o.width_divisor);

@@ -51,6 +51,7 @@ struct TrainOptions {
   int warmup_epochs = 0;             // linear warm-up epochs
   std::string lr_scaling = "none";   // none | linear | sqrt of world size x accumulation steps
   double clip_grad_norm = 0;         // max global L2 norm of the gradients (0: no clipping)
+  int skip_nonfinite_steps = 0;      // steps with a non-finite loss/gradient skipped before a stop
   int lr_step = 30;                  // epochs between x lr_gamma
   double lr_gamma = 0.1;
   double threshold = 0.5;                  // for IoU, Dice, precision, recall
@@ -72,6 +73,7 @@ struct TrainOptions {
   int accumulation_steps = 1;         // micro-batches per optimiser step
   bool allow_gpu_sharing = false;     // allow more ranks on a node than visible GPUs
   int64_t check_sync_every = 0;       // steps between parameter-hash comparisons (0: never)
+  double stall_timeout = 600;         // seconds a collective may wait before the job ends (0: off)
   bool bench_skip_allreduce = false;  // hidden, benchmarks only: no gradient communication
   bool bench_step_times = false;      // hidden, benchmarks only: per-step times, peak memory
   // checkpointing and output

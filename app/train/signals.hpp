@@ -4,11 +4,9 @@
 
 #include <csignal>
 
-namespace dp::app {
+#include "exit_codes.hpp"  // kExitPreempted: every rank's status after a preemption checkpoint
 
-// Exit status of every rank after a preemption checkpoint was written: "preempted, resumable"
-// (EX_TEMPFAIL of sysexits.h). Distinct from 0 (done), 1 (failure) and 2 (usage error).
-inline constexpr int kExitPreempted = 75;
+namespace dp::app {
 
 // While alive, SIGTERM and SIGUSR1 only set the preemption flag; the outermost instance clears it
 // on construction and restores the previous handlers on destruction, inner ones change nothing

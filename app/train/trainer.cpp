@@ -21,7 +21,8 @@
 #include "dp/rng.hpp"
 #include "dp/sampler.hpp"
 #include "dp/synth.hpp"
-#include "dp/weights.hpp"
+#include "train/checkpoints.hpp"
+#include "train/model_dir_lock.hpp"
 #include "train/optimization.hpp"
 #include "train/report.hpp"
 #include "train/retention.hpp"
@@ -62,50 +63,6 @@ std::string default_synth_cache(const data::SynthOptions& s) {
           str_cat("synthetic-v1-", s.train_count, "-", s.val_count, "-", s.height, "x", s.width,
                   "-seed", s.seed, ".h5"))
       .string();
-}
-
-// Metadata travels from rank 0 as doubles (all integers involved are far below 2^53).
-std::vector<double> pack(const CheckpointMeta& m) {
-  std::vector<double> v{double(m.epoch), double(m.step), m.best_valid_loss, double(m.best_epoch),
-                        double(m.train_loss.size())};
-  for (const auto* h : {&m.train_loss, &m.valid_loss, &m.valid_iou, &m.epoch_seconds})
-    v.insert(v.end(), h->begin(), h->end());
-  // Mid-epoch position, best score and further histories (issue 6).
-  v.insert(v.end(),
-           {double(m.epoch_step), double(m.epoch_position), double(m.epoch_partial.size())});
-  v.insert(v.end(), m.epoch_partial.begin(), m.epoch_partial.end());
-  v.push_back(m.best_score);
-  for (const auto* h : {&m.valid_dice, &m.valid_precision, &m.valid_recall}) {
-    v.push_back(double(h->size()));
-    v.insert(v.end(), h->begin(), h->end());
-  }
-  return v;
-}
-
-void unpack(const std::vector<double>& v, CheckpointMeta& m) {
-  m.epoch = static_cast<int64_t>(v[0]);
-  m.step = static_cast<int64_t>(v[1]);
-  m.best_valid_loss = v[2];
-  m.best_epoch = static_cast<int64_t>(v[3]);
-  const auto n = static_cast<size_t>(v[4]);
-  size_t at = 5;
-  for (auto* h : {&m.train_loss, &m.valid_loss, &m.valid_iou, &m.epoch_seconds}) {
-    h->assign(v.begin() + static_cast<ptrdiff_t>(at), v.begin() + static_cast<ptrdiff_t>(at + n));
-    at += n;
-  }
-  m.epoch_step = static_cast<int64_t>(v[at]);
-  m.epoch_position = static_cast<int64_t>(v[at + 1]);
-  const auto partial = static_cast<ptrdiff_t>(v[at + 2]);
-  const auto from = v.begin() + static_cast<ptrdiff_t>(at + 3);
-  m.epoch_partial.assign(from, from + partial);
-  at += 3 + size_t(partial);
-  m.best_score = v[at++];
-  for (auto* h : {&m.valid_dice, &m.valid_precision, &m.valid_recall}) {
-    const auto count = static_cast<size_t>(v[at++]);
-    h->assign(v.begin() + static_cast<ptrdiff_t>(at),
-              v.begin() + static_cast<ptrdiff_t>(at + count));
-    at += count;
-  }
 }
 
 // This process's peak resident memory (VmHWM), in bytes; 0 where /proc is not available.
@@ -172,13 +129,6 @@ EpochMetrics epoch_metrics(const double* sums, const int64_t* counts) {
   return m;
 }
 
-// The --best-metric value of an epoch, oriented so that lower is better.
-double best_key(const std::string& metric, const EpochMetrics& m) {
-  if (metric == "iou") return -m.iou;
-  if (metric == "dice") return -m.dice;
-  return m.loss;
-}
-
 // A mid-epoch checkpoint's epoch_partial: loss, pixels, TP, FP, FN, samples, seconds.
 constexpr size_t kPartialSums = 7;
 
@@ -187,9 +137,14 @@ constexpr size_t kPartialSums = 7;
 // (tests/unit/test_failure.cpp); unset in normal runs.
 constexpr const char* kFailAtVariable = "DP_TEST_FAIL_AT";
 
-// DP_TEST_PREEMPT_AT="R:S": rank R raises SIGUSR1 after optimiser step S of the run (1-based),
-// before the step's preemption agreement (tests/mpi/test_resume_mpi.cpp, tests/unit/test_cli.cpp).
+// DP_TEST_PREEMPT_AT="R:S": rank R raises SIGUSR1 in optimiser step S of the run (1-based), before
+// the step's agreement, so the job stops after step S (tests/mpi/test_resume_mpi.cpp,
+// tests/unit/test_cli.cpp).
 constexpr const char* kPreemptAtVariable = "DP_TEST_PREEMPT_AT";
+
+// DP_TEST_NONFINITE_AT="R:S": rank R's loss becomes NaN in optimiser step S of the run (1-based),
+// its gradients stay finite (tests/unit/test_faults.cpp: the non-finite guard names that rank).
+constexpr const char* kNonFiniteAtVariable = "DP_TEST_NONFINITE_AT";
 
 void parse_fail_at(int& rank, int64_t& step, const char* variable = kFailAtVariable) {
   const char* v = std::getenv(variable);
@@ -268,45 +223,6 @@ int gpu_for_rank(int local_rank, int local_size, int visible_gpus, bool allow_sh
   return local_rank % visible_gpus;
 }
 
-template <typename F>
-void Trainer::collectively(F&& fn) {
-  std::string message;
-  int code = 1;
-  bool failed = false;
-  try {
-    fn();
-  } catch (const UsageError& e) {
-    failed = true, code = 2, message = e.what();
-  } catch (const AgreedFailure&) {
-    throw;
-  } catch (const std::exception& e) {
-    failed = true, message = e.what();
-  }
-  std::vector<int64_t> flags(static_cast<size_t>(comm_.size()), 0);
-  flags[static_cast<size_t>(comm_.rank())] = failed ? code : 0;
-  comm_.allreduce_sum(flags.data(), flags.size());
-  for (size_t r = 0; r < flags.size(); ++r) {
-    if (flags[r] == 0) continue;
-    const bool mine = static_cast<int>(r) == comm_.rank();
-    throw AgreedFailure(mine ? message : str_cat("rank ", r, " failed"), static_cast<int>(flags[r]),
-                        mine);
-  }
-}
-
-template <typename F>
-void Trainer::on_root(const char* what, F&& fn) {
-  collectively([&] {
-    if (comm_.rank() != 0) return;
-    try {
-      fn();
-    } catch (const UsageError&) {
-      throw;
-    } catch (const std::exception& e) {
-      fail(what, ": ", e.what());
-    }
-  });
-}
-
 // What the CUDA backend needs besides the backend itself: the NCCL communicator for the gradient
 // reducer and the batch uploader. Empty on the CPU.
 struct Trainer::DeviceState {
@@ -363,7 +279,7 @@ std::unique_ptr<mpi::GradReducer> Trainer::make_reducer(const mpi::ReducerOption
     // ranks that failed throw their error, the others NcclPeerFailed, and collectively() reports
     // the lowest failed rank's error. A failure inside that call leaves the peers in it, which
     // they cannot leave: that rank reports it and ends the job at once.
-    collectively([&] {
+    collectively(comm_, [&] {
       try {
         device_->nccl = std::make_unique<mpi::NcclComm>(*mpi_comm);
       } catch (const mpi::NcclPeerFailed&) {
@@ -418,7 +334,7 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
   if (use_gpu) {
     // GPU = node-local rank modulo the visible GPUs (CUDA_VISIBLE_DEVICES respected); more ranks
     // per node than GPUs only with --allow-gpu-sharing.
-    collectively([&] {
+    collectively(comm_, [&] {
       const int visible = cuda::visible_device_count();
       if (visible > 0)  // else select_device says why none is visible
         gpu_for_rank(comm_.local_rank(), comm_.local_size(), visible, opt_.allow_gpu_sharing);
@@ -460,12 +376,17 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
               opt_.precision == "bf16" || opt_.deterministic || opt_.cpu_conv == "direct" ? ""
               : opt_.cpu_conv == "winograd" ? " (3x3: Winograd)"
                                             : " (3x3: direct or Winograd, timed at first use)");
-  on_root("--model-dir", [&] { ensure_writable_dir(opt_.model_dir); });
-  collectively([&] { parse_fail_at(fail_rank_, fail_step_); });
-  collectively([&] { parse_fail_at(preempt_rank_, preempt_step_, kPreemptAtVariable); });
+  on_root(comm_, "--model-dir", [&] {
+    ensure_writable_dir(opt_.model_dir);
+    model_dir_lock_ = std::make_unique<ModelDirLock>(opt_.model_dir, log_);
+  });
+  collectively(comm_, [&] { parse_fail_at(fail_rank_, fail_step_); });
+  collectively(comm_, [&] { parse_fail_at(preempt_rank_, preempt_step_, kPreemptAtVariable); });
+  collectively(comm_,
+               [&] { parse_fail_at(nonfinite_rank_, nonfinite_step_, kNonFiniteAtVariable); });
   prepare_data();
 
-  collectively([&] {
+  collectively(comm_, [&] {
     backend_ = make_backend(use_gpu);
     data::LoaderOptions lo;
     lo.batch_size = opt_.batch_size;
@@ -495,7 +416,10 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     mc.dropout = float(opt_.dropout);
     model_ = make_model(mc, *backend_);
     if (opt_.sync_bn)  // batch statistics over all ranks (forward and backward)
-      model_->set_stat_reducer([this](double* sums, size_t n) { comm_.allreduce_sum(sums, n); });
+      model_->set_stat_reducer([this](double* sums, size_t n) {
+        const auto waiting = watch("sync-BN statistics reduction");
+        comm_.allreduce_sum(sums, n);
+      });
     // The images' size is the dataset's fault; any other setup error (device memory) is not.
     const int multiple = model_->size_multiple();
     if (height_ % multiple != 0 || width_ % multiple != 0)
@@ -543,9 +467,20 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
           ? str_cat("; ", opt_.accumulation_steps, " micro-batches per step, global batch ",
                     int64_t(opt_.batch_size) * opt_.accumulation_steps * comm_.size())
           : std::string());
-  restore_or_init();
+  checkpoints_ =
+      std::make_unique<Checkpoints>(opt_, comm_, log_, *model_, *optim_, height_, width_);
+  state_ = checkpoints_->restore_or_init();
+  if (opt_.stall_timeout > 0)
+    if (auto* mpi_comm = dynamic_cast<mpi::MpiComm*>(&comm_)) {
+      std::function<void()> before_abort;
+#ifdef DP_WITH_CUDA
+      if (device_->nccl) before_abort = [nccl = device_->nccl.get()] { nccl->abort_for_exit(); };
+#endif
+      watchdog_ = std::make_unique<mpi::StallWatchdog>(mpi_comm->native(), opt_.stall_timeout,
+                                                       "dptrain", kExitStalled, before_abort);
+    }
   if (opt_.report)
-    on_root("--report", [&] {
+    on_root(comm_, "--report", [&] {
       report_ = std::make_unique<TrainingReport>(
           opt_, data_path_, val_loader_ != nullptr,
           Normalization{train_loader_->mean(), train_loader_->std()});
@@ -574,7 +509,7 @@ void Trainer::prepare_data() {
   }
   const data::SynthOptions so = demo_dataset();
   data_path_ = opt_.synth_cache.empty() ? default_synth_cache(so) : opt_.synth_cache;
-  on_root("synthetic dataset", [&] {
+  on_root(comm_, "synthetic dataset", [&] {
     if (data::synthetic_matches(data_path_, so)) {
       log_.info("no --data given: using the cached synthetic crack dataset ", data_path_);
       return;
@@ -584,138 +519,6 @@ void Trainer::prepare_data() {
     std::filesystem::create_directories(std::filesystem::path(data_path_).parent_path());
     data::write_synthetic(data_path_, so);
   });
-}
-
-void Trainer::restore_or_init() {
-  ParamStore& ps = model_->params();
-  state_ = CheckpointMeta{};
-  state_.best_valid_loss = std::numeric_limits<double>::infinity();
-  std::string resumed_from;
-  on_root("starting state", [&] {
-    // A checkpoint of another model or image size is a usage error, never silently skipped.
-    auto check_compatible = [&](const std::string& path, const CheckpointMeta& m) {
-      if (m.model != opt_.model || m.width_divisor != opt_.effective_width_divisor() ||
-          m.deconv != int64_t{opt_.deconv} || m.height != height_ || m.width != width_)
-        throw UsageError(str_cat("checkpoint '", path, "' is for ", m.model, " /", m.width_divisor,
-                                 " on ", m.height, "x", m.width, " images, this run is ",
-                                 opt_.model, " /", opt_.effective_width_divisor(), " on ", height_,
-                                 "x", width_, "; use another --model-dir or --resume never"));
-      std::vector<std::string> needed;
-      for (const StateArena& a : optim_->state()) needed.push_back(a.name);
-      if (!m.optimizer_state.empty() && m.optimizer_state != needed)
-        throw UsageError(str_cat("checkpoint '", path, "' holds the state of another optimizer (",
-                                 m.optimizer_state.front(), ", ...) than --optimizer ",
-                                 opt_.optimizer,
-                                 "; use the original --optimizer, another --model-dir or "
-                                 "--resume never"));
-    };
-    // Another world size continues the same global sample order; only a per-rank cache pins the
-    // shards, so a mid-epoch checkpoint with --cache needs the world size it was written with.
-    auto check_world = [&](const std::string& path, const CheckpointMeta& m) {
-      const int64_t global_batch = int64_t(opt_.batch_size) * comm_.size();
-      if (m.world_size != comm_.size())
-        log_.info("resuming ", path, " (", m.world_size, " rank(s)) on ", comm_.size(),
-                  " rank(s): the global sample order continues");
-      if (m.global_batch != global_batch)
-        log_.warn("global batch changes from ", m.global_batch, " (checkpoint '", path, "') to ",
-                  global_batch, " (", comm_.size(), " x ", opt_.batch_size,
-                  "); results will differ from an uninterrupted run");
-      if (m.epoch_step > 0 && opt_.cache && m.world_size != comm_.size())
-        throw UsageError(str_cat("checkpoint '", path, "' was written mid-epoch by ", m.world_size,
-                                 " rank(s); with --cache it resumes only on as many (this run has ",
-                                 comm_.size(), ")"));
-    };
-    if (opt_.resume == "auto") {
-      // Newest first; a torn or corrupt file is reported and the next older one is tried.
-      for (const CheckpointFile& file : list_checkpoints(opt_.model_dir)) {
-        const std::string& path = file.path;
-        CheckpointMeta meta;
-        try {
-          meta = read_checkpoint_meta(path);
-        } catch (const Error& e) {
-          log_.warn("skipping unreadable checkpoint: ", e.what());
-          continue;
-        }
-        check_compatible(path, meta);
-        check_world(path, meta);
-        try {
-          state_ = load_checkpoint(path, ps, optim_->state(), &model_->buffers());
-          resumed_from = path;
-          break;
-        } catch (const Error& e) {
-          log_.warn("skipping unreadable checkpoint: ", e.what());
-        }
-      }
-    } else if (opt_.resume != "never") {
-      const CheckpointMeta meta = read_checkpoint_meta(opt_.resume);
-      check_compatible(opt_.resume, meta);
-      check_world(opt_.resume, meta);
-      state_ = load_checkpoint(opt_.resume, ps, optim_->state(), &model_->buffers());
-      resumed_from = opt_.resume;
-    }
-    if (resumed_from.empty()) {
-      ps.init_pytorch_default(opt_.seed);
-      model_->buffers().init_pytorch_default(opt_.seed);
-      // Pretrained weights replace the initialisation: the encoder's, or the whole model's.
-      for (const auto& [file, encoder_only] :
-           {std::pair{opt_.init_weights, false}, std::pair{opt_.encoder_weights, true}}) {
-        if (file.empty()) continue;
-        const ImportReport r =
-            import_weights(file, opt_.model, ps, model_->buffers(), encoder_only);
-        log_.info(encoder_only ? "encoder" : "model", " weights from ", file, ": ", r.loaded,
-                  " tensors", r.ignored.empty() ? "" : str_cat(", ", r.ignored.size(), " ignored"));
-      }
-      if (!list_checkpoints(opt_.model_dir).empty() && opt_.resume == "never")
-        log_.warn("--resume never: starting over; checkpoints in ", opt_.model_dir,
-                  " will be overwritten");
-    }
-    // Another --best-metric than the checkpoint's: the best epoch so far is chosen again from the
-    // validation histories (model_best.h5 changes at the next epoch that beats it).
-    if (!resumed_from.empty() && state_.best_metric != opt_.best_metric) {
-      const size_t n = state_.valid_loss.size();
-      const bool have = state_.valid_iou.size() == n && state_.valid_dice.size() == n;
-      log_.warn("--best-metric ", opt_.best_metric, " replaces the checkpoint's ",
-                state_.best_metric, have ? "" : " (no history of it: the best epoch starts over)");
-      state_.best_epoch = 0;
-      for (size_t e = 0; have && e < n; ++e) {
-        EpochMetrics m;
-        m.loss = state_.valid_loss[e], m.iou = state_.valid_iou[e], m.dice = state_.valid_dice[e];
-        const double k = best_key(opt_.best_metric, m);
-        if (!std::isnan(k) &&
-            (state_.best_epoch == 0 || k < best_key(opt_.best_metric, best_as_metrics()))) {
-          state_.best_epoch = int64_t(e) + 1;
-          state_.best_valid_loss = m.loss;
-          state_.best_score = higher_is_better(opt_.best_metric) ? -k : k;
-        }
-      }
-      state_.best_metric = opt_.best_metric;
-    }
-  });
-  // Rank 0's weights, optimiser state and progress go to every rank.
-  // (Through host memory: once per run.)
-  for (ParamStore* store : {&model_->params(), &model_->buffers()}) {
-    store->download();
-    comm_.broadcast(store->host_values(), size_t(store->arena_size()) * sizeof(float), 0);
-    store->upload();
-  }
-  for (const StateArena& arena : optim_->state()) {
-    HostArena host(ps, arena.data);
-    host.fetch();
-    comm_.broadcast(host.data(), host.bytes(), 0);
-    host.store();
-  }
-  std::vector<double> packed = pack(state_);
-  int64_t length = int64_t(packed.size());
-  comm_.broadcast(&length, sizeof length, 0);
-  packed.resize(size_t(length));
-  comm_.broadcast(packed.data(), packed.size() * sizeof(double), 0);
-  unpack(packed, state_);
-  if (!resumed_from.empty())
-    log_.info("resumed from epoch ", state_.epoch, " (", resumed_from, ", step ", state_.step, ")",
-              state_.epoch_step > 0
-                  ? str_cat("; epoch ", state_.epoch + 1, " continues after its step ",
-                            state_.epoch_step, " (sample ", state_.epoch_position, " of its order)")
-                  : std::string());
 }
 
 EpochMetrics Trainer::train_epoch(int64_t epoch) {
@@ -755,6 +558,8 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
     for (int i = 0; i < 4; ++i) counts[i] = int64_t(carried[size_t(2 + i)]);
   }
   if (!indices.empty()) train_loader_->start(std::move(indices), epoch);
+  double step_sums[2] = {0, 0};
+  int64_t step_counts[4] = {0, 0, 0, 0};
   int64_t micro = 0, step = start_step;
   auto step_end = Clock::now();  // --bench-step-times: wall time from one step's end to the next
   double reduce_wait = 0;  // seconds in GradReducer::wait (the all-reduce not hidden by backward)
@@ -763,6 +568,10 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
              " samples, expected ", plan.batch_size(micro));
     const int64_t group = micro / accumulation;
     const bool first_micro = micro % accumulation == 0;
+    if (first_micro) {  // a step skipped as non-finite leaves the sums as they were before it
+      std::copy(sums, sums + 2, step_sums);
+      std::copy(counts, counts + 4, step_counts);
+    }
     const bool boundary =
         micro % accumulation == accumulation - 1 || micro + 1 == plan.micro_steps();
     // Each rank's loss is its sum over the global count of real pixels in this optimiser step
@@ -798,13 +607,31 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
     if (!boundary) continue;
     if (reduce) {
       const auto waited_from = Clock::now();
+      const auto waiting = watch("gradient all-reduce");
       reducer_->wait();
       reduce_wait += seconds_since(waited_from);
     }
-    if (opt_.clip_grad_norm > 0)  // the reduced, averaged gradients: identical on every rank
-      clip_grad_norm(*backend_, model_->params().grads(), model_->params().arena_size(),
-                     opt_.clip_grad_norm);
-    optim_->update(lr, state_.step + 1);
+    if (comm_.rank() == nonfinite_rank_ && state_.step + 1 == nonfinite_step_)
+      sums[0] = std::numeric_limits<double>::quiet_NaN();  // DP_TEST_NONFINITE_AT
+    // The non-finite guard: this rank's loss so far in the epoch (finite before this step) and the
+    // L2 norm of the averaged gradients (identical on every rank), agreed on before the update,
+    // in the all-reduce that also carries the preemption flag.
+    float* grads = model_->params().grads();
+    const int64_t grad_count = model_->params().arena_size();
+    const double grad_norm = std::sqrt(backend_->sum_squares(grad_count, grads));
+    // Test hook: rank R raises SIGUSR1 in optimiser step S, before this step's agreement.
+    if (comm_.rank() == preempt_rank_ && state_.step + 1 == preempt_step_) std::raise(SIGUSR1);
+    const StepAgreement agreed =
+        agree_step(state_.step + 1, std::isfinite(sums[0]), std::isfinite(grad_norm));
+    if (agreed.nonfinite_loss.empty() && agreed.nonfinite_grad.empty()) {
+      if (opt_.clip_grad_norm > 0)  // the reduced, averaged gradients: identical on every rank
+        scale_to_max_norm(*backend_, grads, grad_count, grad_norm, opt_.clip_grad_norm);
+      optim_->update(lr, state_.step + 1);
+    } else {  // no update; the step's loss and counts are dropped
+      on_nonfinite_step(agreed, epoch, step + 1, grad_norm);
+      std::copy(step_sums, step_sums + 2, sums);
+      std::copy(step_counts, step_counts + 4, counts);
+    }
     ++step;
     ++state_.step;
     if (opt_.bench_step_times) {
@@ -814,13 +641,15 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
     if (opt_.check_sync_every > 0 && state_.step % opt_.check_sync_every == 0) check_sync();
     // Rank 0's running loss; the images are the step's real ones over all ranks.
     progress_.step(step, sums[0] / std::max(1.0, sums[1]), plan.step_samples(group));
-    // Preemption: every rank learns at this step boundary whether any rank got a signal. The
-    // epoch's last step is not a boundary here: the epoch ends and its checkpoint serves.
-    if (comm_.rank() == preempt_rank_ && state_.step == preempt_step_) std::raise(SIGUSR1);
-    if (micro < plan.micro_steps() && agree_preemption()) {
+    // Preemption after this step, unless it is the epoch's last: the epoch ends and its
+    // checkpoint serves.
+    if (micro < plan.micro_steps() && agreed.preempt) {
       train_loader_->stop();
-      comm_.allreduce_sum(sums, 2);
-      comm_.allreduce_sum(counts, 4);
+      {
+        const auto waiting = watch("epoch metric reduction");
+        comm_.allreduce_sum(sums, 2);
+        comm_.allreduce_sum(counts, 4);
+      }
       save_mid_epoch(step, position + micro * opt_.batch_size * world,
                      {sums[0], sums[1], double(counts[0]), double(counts[1]), double(counts[2]),
                       double(counts[3]), carried[6] + seconds_since(t0)},
@@ -834,6 +663,7 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   if (world > 1 && step > start_step)
     log_.info("  gradient all-reduce: ", fixed(1e3 * reduce_wait / double(step - start_step), 1),
               " ms per step waited after backward (rank 0; includes waiting for slower ranks)");
+  const auto waiting = watch("epoch metric reduction");
   comm_.allreduce_sum(sums, 2);
   comm_.allreduce_sum(counts, 4);
   return epoch_metrics(sums, counts);
@@ -846,9 +676,12 @@ void Trainer::check_sync() {
   for (size_t i = 0; i < views.size(); ++i)
     mine[i] = static_cast<int64_t>(hash_floats(views[i].host, views[i].numel));
   root = mine;
-  comm_.broadcast(root.data(), root.size() * sizeof(int64_t), 0);
-  for (size_t i = 0; i < views.size(); ++i) differ[i] = mine[i] != root[i] ? 1 : 0;
-  comm_.allreduce_sum(differ.data(), differ.size());
+  {
+    const auto waiting = watch("parameter sync check");
+    comm_.broadcast(root.data(), root.size() * sizeof(int64_t), 0);
+    for (size_t i = 0; i < views.size(); ++i) differ[i] = mine[i] != root[i] ? 1 : 0;
+    comm_.allreduce_sum(differ.data(), differ.size());
+  }
   const auto first = std::find_if(differ.begin(), differ.end(), [](int64_t d) { return d > 0; });
   if (first == differ.end()) return;
   const int64_t tensors =
@@ -880,6 +713,7 @@ EpochMetrics Trainer::validate() {
     backend_->confusion_counts(pixels, logits, in.masks, logit_threshold, counts);
     counts[3] += b->n;
   }
+  const auto waiting = watch("validation metric reduction");
   comm_.allreduce_sum(sums, 2);
   comm_.allreduce_sum(counts, 4);
   return epoch_metrics(sums, counts);
@@ -897,10 +731,12 @@ bool Trainer::save_epoch(const EpochMetrics& train, const EpochMetrics& valid, d
   state_.epoch_seconds.push_back(seconds);
   // The best epoch by --best-metric among validated ones (`valid` NaN: not validated); without a
   // validation split, by the same metric on the training split.
+  // A non-finite score (a diverging validation) is never the best.
   const EpochMetrics& judged = val_loader_ ? valid : train;
-  const double key = best_key(opt_.best_metric, judged);
-  const bool best = !std::isnan(key) &&
-                    (state_.best_epoch == 0 || key < best_key(opt_.best_metric, best_as_metrics()));
+  const double key = best_key(opt_.best_metric, judged.loss, judged.iou, judged.dice);
+  const double best_so_far =
+      higher_is_better(opt_.best_metric) ? -state_.best_score : state_.best_score;
+  const bool best = std::isfinite(key) && (state_.best_epoch == 0 || key < best_so_far);
   if (best) {
     state_.best_valid_loss = judged.loss;
     state_.best_score = higher_is_better(opt_.best_metric) ? -key : key;
@@ -911,37 +747,11 @@ bool Trainer::save_epoch(const EpochMetrics& train, const EpochMetrics& valid, d
   state_.epoch_partial.clear();
   stamp_state(lr);
   const bool due = epoch_checkpoint_due(state_.epoch, opt_.save_every, opt_.epochs);
-  write_epoch_checkpoint(due, best);
+  if (due || best) {
+    const auto waiting = watch("checkpoint agreement (rank 0 writes)");
+    checkpoints_->write_epoch(state_, due, best);
+  }
   return due;
-}
-
-void Trainer::write_epoch_checkpoint(bool epoch_file, bool best) {
-  if (!epoch_file && !best) return;
-  on_root("writing checkpoint", [&] {
-    const std::filesystem::path dir(opt_.model_dir);
-    if (epoch_file)
-      save_checkpoint((dir / epoch_checkpoint_name(state_.epoch)).string(), model_->params(),
-                      optim_->state(), state_, &model_->buffers());
-    if (best)
-      save_checkpoint((dir / kBestCheckpointName).string(), model_->params(), optim_->state(),
-                      state_, &model_->buffers());
-    if (!epoch_file) return;
-    // Only after the new file is committed: mid-epoch checkpoints older than it have served their
-    // purpose, and --keep-last drops the oldest epoch checkpoints.
-    for (const CheckpointFile& f : list_checkpoints(opt_.model_dir))
-      if (f.step > 0 && f.epoch < state_.epoch) std::filesystem::remove(f.path);
-    for (const std::string& path :
-         checkpoints_beyond(list_checkpoints(opt_.model_dir), opt_.keep_last)) {
-      std::filesystem::remove(path);
-      log_.info("--keep-last ", opt_.keep_last, ": removed ", path);
-    }
-  });
-}
-
-EpochMetrics Trainer::best_as_metrics() const {
-  EpochMetrics m;
-  m.loss = m.iou = m.dice = state_.best_score;
-  return m;
 }
 
 void Trainer::stamp_state(float lr) {
@@ -960,14 +770,70 @@ void Trainer::stamp_state(float lr) {
       opt_.describe() + describe_normalization({train_loader_->mean(), train_loader_->std()});
 }
 
-bool Trainer::agree_preemption() {
-  int64_t signalled = preemption_signal() != 0 ? 1 : 0;
-  comm_.allreduce_sum(&signalled, 1);  // one tiny all-reduce per optimiser step
-  if (signalled > 0) progress_.clear();
-  if (signalled > 0)
-    log_.info("preemption: SIGTERM/SIGUSR1 received by ", signalled, " of ", comm_.size(),
-              " rank(s); stopping after step ", state_.step);
-  return signalled > 0;
+std::optional<mpi::StallWatchdog::Scope> Trainer::watch(const char* collective) {
+  if (!watchdog_) return std::nullopt;
+  return watchdog_->watch(collective, state_.step);
+}
+
+Trainer::StepAgreement Trainer::agree_step(int64_t run_step, bool loss_finite, bool grad_finite) {
+  // [0]: ranks with a preemption signal; [1 + r]: rank r's non-finite flags (1 loss, 2 gradient).
+  const size_t world = size_t(comm_.size());
+  std::vector<int64_t> v(1 + world, 0);
+  v[0] = preemption_signal() != 0 ? 1 : 0;
+  v[1 + size_t(comm_.rank())] = (loss_finite ? 0 : 1) | (grad_finite ? 0 : 2);
+  {
+    const auto waiting = watch("step agreement");
+    comm_.allreduce_sum(v.data(), v.size());
+  }
+  StepAgreement a;
+  a.preempt = v[0] > 0;
+  for (size_t r = 0; r < world; ++r) {
+    if ((v[1 + r] & 1) != 0) a.nonfinite_loss.push_back(int(r));
+    if ((v[1 + r] & 2) != 0) a.nonfinite_grad.push_back(int(r));
+  }
+  if (a.preempt) {
+    progress_.clear();
+    log_.info("preemption: SIGTERM/SIGUSR1 received by ", v[0], " of ", comm_.size(),
+              " rank(s); stopping after step ", run_step);
+  }
+  return a;
+}
+
+void Trainer::on_nonfinite_step(const StepAgreement& agreed, int64_t epoch, int64_t step_in_epoch,
+                                double grad_norm) {
+  auto ranks = [](const std::vector<int>& list) {
+    std::string s;
+    for (int r : list) {
+      if (!s.empty()) s += ',';
+      s += std::to_string(r);
+    }
+    return s;
+  };
+  std::string what;
+  if (!agreed.nonfinite_loss.empty())
+    what = str_cat("non-finite loss on rank(s) ", ranks(agreed.nonfinite_loss));
+  if (!agreed.nonfinite_grad.empty())
+    what += str_cat(what.empty() ? "" : "; ", "non-finite gradient norm (",
+                    std::isnan(grad_norm) ? "NaN" : "infinite", ") after the all-reduce");
+  const std::string where = str_cat("epoch ", epoch + 1, ", step ", step_in_epoch,
+                                    " (optimiser step ", state_.step + 1, " of the run)");
+  if (skipped_steps_ < opt_.skip_nonfinite_steps) {
+    ++skipped_steps_;
+    progress_.clear();
+    if (comm_.rank() == 0)  // every rank knows: one line
+      log_.warn("skipped ", where, ": ", what, "; no update (", skipped_steps_, " of ",
+                opt_.skip_nonfinite_steps, " --skip-nonfinite-steps used)");
+    return;
+  }
+  std::string newest = "none";
+  if (comm_.rank() == 0)
+    if (const auto files = list_checkpoints(opt_.model_dir); !files.empty())
+      newest = files.front().path;
+  throw AgreedFailure(
+      str_cat("training diverged in ", where, ": ", what,
+              "; stopped before the update, no checkpoint of this state is written (newest: ",
+              newest, "); lower --lr, use --clip-grad-norm or --skip-nonfinite-steps"),
+      kExitNonFinite, comm_.rank() == 0);
 }
 
 void Trainer::save_mid_epoch(int64_t step_in_epoch, int64_t position, std::vector<double> partial,
@@ -976,12 +842,8 @@ void Trainer::save_mid_epoch(int64_t step_in_epoch, int64_t position, std::vecto
   state_.epoch_position = position;
   state_.epoch_partial = std::move(partial);
   stamp_state(lr);
-  const std::string path = (std::filesystem::path(opt_.model_dir) /
-                            mid_epoch_checkpoint_name(state_.epoch, step_in_epoch))
-                               .string();
-  on_root("writing checkpoint", [&] {
-    save_checkpoint(path, model_->params(), optim_->state(), state_, &model_->buffers());
-  });
+  const auto waiting = watch("checkpoint agreement (rank 0 writes)");
+  const std::string path = checkpoints_->write_mid_epoch(state_);
   log_.info("preempted in epoch ", state_.epoch + 1, " after step ", step_in_epoch, " (",
             state_.step, " in all): wrote ", path, "; exiting with ", kExitPreempted,
             " (resumable: rerun the same command)");
@@ -1040,8 +902,11 @@ int Trainer::run() {
         "  ", fixed(seconds, 1), " s  ", fixed(images_per_s, 1), " img/s",
         state_.best_epoch == state_.epoch ? "  *best" : "");
     // A signal during validation or the checkpoint: the epoch checkpoint is the resume point.
-    if (epoch + 1 < opt_.epochs && agree_preemption()) {
-      if (!saved) write_epoch_checkpoint(true, false);  // --save-every skipped it: the resume point
+    if (epoch + 1 < opt_.epochs && agree_step(state_.step, true, true).preempt) {
+      if (!saved) {  // --save-every skipped it: the resume point
+        const auto waiting = watch("checkpoint agreement (rank 0 writes)");
+        checkpoints_->write_epoch(state_, true, false);
+      }
       log_.info("preempted after epoch ", epoch + 1, ": resumable from ", opt_.model_dir, "/",
                 epoch_checkpoint_name(state_.epoch), "; exiting with ", kExitPreempted);
       return kExitPreempted;

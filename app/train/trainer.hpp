@@ -2,8 +2,10 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "agreement.hpp"
 #include "dp/backend.hpp"
 #include "dp/checkpoint.hpp"
 #include "dp/comm.hpp"
@@ -12,6 +14,7 @@
 #include "dp/log.hpp"
 #include "dp/model.hpp"
 #include "dp/optim.hpp"
+#include "dp/stall_watchdog.hpp"
 #include "train/metrics.hpp"
 #include "train/options.hpp"
 #include "train/progress.hpp"
@@ -20,20 +23,8 @@
 namespace dp::app {
 
 class TrainingReport;  // train/report.hpp
-
-// An error that every rank has agreed on (see Trainer::collectively): the rank that saw it
-// reports it and every rank exits with `exit_code`, without MPI_Abort.
-class AgreedFailure : public Error {
- public:
-  AgreedFailure(const std::string& what, int exit_code, bool report)
-      : Error(what), exit_code_(exit_code), report_(report) {}
-  int exit_code() const { return exit_code_; }
-  bool report() const { return report_; }  // false on the ranks that only learnt of it
-
- private:
-  int exit_code_;
-  bool report_;
-};
+class Checkpoints;     // train/checkpoints.hpp
+class ModelDirLock;    // train/model_dir_lock.hpp
 
 // The GPU a rank uses with --device cuda: its node-local rank modulo the visible GPUs (>= 1).
 // More ranks on the node than visible GPUs is a UsageError unless allow_sharing.
@@ -55,7 +46,9 @@ class Trainer {
   ~Trainer();
 
   // Trains the remaining epochs, validating and checkpointing after each. Returns 0, or
-  // kExitPreempted after a SIGTERM/SIGUSR1 once the resumable checkpoint is written.
+  // kExitPreempted after a SIGTERM/SIGUSR1 once the resumable checkpoint is written. A
+  // non-finite loss or gradient norm (beyond --skip-nonfinite-steps) throws AgreedFailure with
+  // kExitNonFinite on every rank, before the optimiser step.
   int run();
 
   // Pieces of run(), public for tests.
@@ -73,25 +66,28 @@ class Trainer {
   void prepare_data();
   // Usage errors: fewer training samples than ranks; --drop-last leaving no full batch.
   void check_train_size() const;
-  void restore_or_init();
   // Records the epoch; writes model_epoch_<N>.h5 if --save-every says so (returns whether it
   // did) and model_best.h5 if the epoch is the best; then --keep-last deletes older epoch files.
   bool save_epoch(const EpochMetrics& train, const EpochMetrics& valid, double seconds, float lr);
-  // Rank 0 writes model_epoch_<state_.epoch>.h5 (and model_best.h5 if `best`), then deletes what
-  // retention allows: every rank waits for the outcome.
-  void write_epoch_checkpoint(bool epoch_file, bool best);
-  // The stored best score as metrics (every field = best_score), for best_key().
-  EpochMetrics best_as_metrics() const;
   // Fills the configuration fields of state_ (model, sizes, world, options) before a save.
   void stamp_state(float lr);
-  // Preemption (issue 6): true on every rank when a signal reached any rank (one all-reduce).
-  bool agree_preemption();
+  // What every rank learns at the end of each optimiser step, before its update, from one small
+  // all-reduce: whether a signal asks for preemption (issue 6), and which ranks saw a non-finite
+  // loss or gradient norm. `run_step`: the optimiser step of the run it concludes.
+  struct StepAgreement {
+    bool preempt = false;
+    std::vector<int> nonfinite_loss, nonfinite_grad;  // ranks
+  };
+  StepAgreement agree_step(int64_t run_step, bool loss_finite, bool grad_finite);
+  // A step the agreement found non-finite: skipped (--skip-nonfinite-steps), or every rank throws
+  // AgreedFailure (kExitNonFinite) with one line from rank 0.
+  void on_nonfinite_step(const StepAgreement& agreed, int64_t epoch, int64_t step_in_epoch,
+                         double grad_norm);
   // Rank 0 writes model_epoch_<E>_step_<S>.h5; `partial` holds the epoch's reduced sums so far.
   void save_mid_epoch(int64_t step_in_epoch, int64_t position, std::vector<double> partial,
                       float lr);
-  // Runs `fn` on rank 0 only; every rank learns whether it succeeded (no rank waits forever).
-  template <typename F>
-  void on_root(const char* what, F&& fn);
+  // --stall-timeout: the watchdog's scope for a collective of the current step (empty when off).
+  std::optional<mpi::StallWatchdog::Scope> watch(const char* collective);
   // The CPU backend, or the CUDA one on the selected GPU (then device_ holds its helpers).
   std::unique_ptr<Backend> make_backend(bool use_gpu);
   void setup_device();  // after the model's set-up: the batch uploader; logs the GPU memory
@@ -103,11 +99,6 @@ class Trainer {
     const float* masks = nullptr;
   };
   BatchTensors to_backend(const data::Batch& b);
-
-  // Every rank runs `fn`; if any rank fails, every rank throws AgreedFailure, with report() true
-  // only on the lowest failing rank.
-  template <typename F>
-  void collectively(F&& fn);
 
   TrainOptions opt_;
   Comm& comm_;
@@ -127,18 +118,25 @@ class Trainer {
   int fail_rank_ = -1;
   int64_t fail_step_ = -1;
   // SIGTERM/SIGUSR1 -> flag, while the trainer lives; DP_TEST_PREEMPT_AT=rank:step raises SIGUSR1
-  // on that rank after that optimiser step of the run (tests).
+  // on that rank in that optimiser step of the run, before its agreement (tests).
   PreemptionHandlers preemption_;
   int preempt_rank_ = -1;
   int64_t preempt_step_ = -1;
+  // DP_TEST_NONFINITE_AT=rank:step: that rank's loss is NaN in that step (tests).
+  int nonfinite_rank_ = -1;
+  int64_t nonfinite_step_ = -1;
   std::unique_ptr<data::Loader> train_loader_, val_loader_;
   Buffer diff_logits_;
   std::vector<uint64_t> dropout_seeds_;  // one per sample of a batch, sized once
   float pos_weight_ = 1.0f;
   int height_ = 0, width_ = 0;
-  CheckpointMeta state_;                     // epochs done, steps, best, history
-  std::unique_ptr<TrainingReport> report_;   // --report, rank 0 only
-  std::unique_ptr<MetricsCsv> metrics_csv_;  // rank 0 only
+  CheckpointMeta state_;                          // epochs done, steps, best, history
+  std::unique_ptr<ModelDirLock> model_dir_lock_;  // rank 0: one dptrain per --model-dir
+  std::unique_ptr<Checkpoints> checkpoints_;      // starting state, writing, retention
+  std::unique_ptr<mpi::StallWatchdog> watchdog_;  // --stall-timeout
+  int skipped_steps_ = 0;                         // --skip-nonfinite-steps used in this run
+  std::unique_ptr<TrainingReport> report_;        // --report, rank 0 only
+  std::unique_ptr<MetricsCsv> metrics_csv_;       // rank 0 only
 };
 
 }  // namespace dp::app

@@ -26,6 +26,8 @@ constexpr int kChannels = 3;
 constexpr size_t kMaxListed = 5;  // offenders named in an error message
 constexpr int kMaxRank = 8;       // of a dataset, for chunk queries
 constexpr int64_t kPrepVersion = 1;
+// Bad input files listed by a failed build, one a line.
+constexpr size_t kMaxProblemsListed = 20;
 // Split streams: positives (masks with a crack pixel) and negatives are shuffled separately.
 constexpr uint64_t kNegativeStream = 0, kPositiveStream = 1;
 
@@ -112,6 +114,33 @@ std::vector<Pair> pair_folders(const std::string& image_dir, const std::string& 
   return pairs;
 }
 
+// Runs `fn`; a dp::Error it throws (a file that cannot be read or decoded, or a pair whose sizes
+// disagree) is recorded in `problems` instead. True if it threw none.
+template <typename F>
+bool record(std::vector<std::string>& problems, F&& fn) {
+  try {
+    fn();
+    return true;
+  } catch (const Error& e) {
+    problems.emplace_back(e.what());
+    return false;
+  }
+}
+
+// Fails with every recorded problem, one a line (the first kMaxProblemsListed, then how many
+// more), and for more than one a last line counting them; nothing if there is none.
+void fail_on(const std::vector<std::string>& problems) {
+  if (problems.empty()) return;
+  std::string msg;
+  for (size_t i = 0; i < std::min(problems.size(), kMaxProblemsListed); ++i)
+    msg += str_cat(i ? "\n" : "", problems[i]);
+  if (problems.size() > kMaxProblemsListed)
+    msg += str_cat("\n... and ", problems.size() - kMaxProblemsListed, " more");
+  if (problems.size() > 1)
+    msg += str_cat("\n", problems.size(), " problems with the input files; nothing was written");
+  fail(msg);
+}
+
 // Mask bytes -> {0,1} in place.
 void binarise(std::vector<uint8_t>& mask, int threshold) {
   for (uint8_t& v : mask) v = v > threshold ? 1 : 0;
@@ -167,28 +196,56 @@ class Builder {
     DP_CHECK(!fs::is_directory(opt_.out, ec), "cannot write '", opt_.out, "': it is a folder");
   }
 
-  // Pass 1: image sizes (headers only) and masks (decoded, for the stratified split).
+  // Pass 1: image sizes (headers only) and masks (decoded, for the stratified split). Every bad
+  // file is recorded and the pass goes on; if there was one, the other images are decoded too
+  // (what pass 2 would find: e.g. a JPEG truncated after its header), then the build fails
+  // listing them all.
   void scan(std::vector<Pair>& pairs) {
     const Pair* first = nullptr;
     int first_w = 0, first_h = 0;
+    bool sizes_differ = false;          // reported once: the fix (--resize) is one for all
+    std::vector<const Pair*> readable;  // pairs without a problem so far
     const auto total = static_cast<int64_t>(pairs.size());
     for (size_t i = 0; i < pairs.size(); ++i) {
       Pair& p = pairs[i];
-      const ImageHeader ih = read_image_header(p.image);
-      Image mask = read_image(p.mask, PixelFormat::kGray);
-      check_pair(p, ih.width, ih.height, mask);
-      if (!first) {
+      int width = 0, height = 0;  // of the image, from its header
+      Image mask;
+      bool good = record(problems_, [&] {
+        const ImageHeader ih = read_image_header(p.image);
+        width = ih.width;
+        height = ih.height;
+      });
+      good = record(problems_, [&] { mask = read_image(p.mask, PixelFormat::kGray); }) && good;
+      if (good) good = record(problems_, [&] { check_pair(p, width, height, mask); });
+      if (good && !first) {
         first = &p;
-        first_w = ih.width;
-        first_h = ih.height;
-      } else if (!resizing() && (ih.width != first_w || ih.height != first_h)) {
-        fail("images differ in size: '", first->image, "' is ", first_w, "x", first_h, " but '",
-             p.image, "' is ", ih.width, "x", ih.height,
-             " (WxH); all images must share one size, or give --resize WxH");
+        first_w = width;
+        first_h = height;
+      } else if (good && !resizing() && (width != first_w || height != first_h)) {
+        if (!sizes_differ) {
+          problems_.push_back(str_cat("images differ in size: '", first->image, "' is ", first_w,
+                                      "x", first_h, " but '", p.image, "' is ", width, "x", height,
+                                      " (WxH); all images must share one size, or give --resize "
+                                      "WxH"));
+        }
+        sizes_differ = true;
       }
-      p.crack = has_crack(std::move(mask));
+      if (good) {
+        p.crack = has_crack(std::move(mask));
+        readable.push_back(&p);
+      }
       if (progress_) progress_("reading masks", static_cast<int64_t>(i) + 1, total);
     }
+    if (!problems_.empty()) {
+      for (size_t i = 0; i < readable.size(); ++i) {
+        record(problems_, [&] { read_image(readable[i]->image, PixelFormat::kRgb); });
+        if (progress_) {
+          progress_("checking images", static_cast<int64_t>(i) + 1,
+                    static_cast<int64_t>(readable.size()));
+        }
+      }
+    }
+    fail_on(problems_);
     report_.width = resizing() ? opt_.resize_width : first_w;
     report_.height = resizing() ? opt_.resize_height : first_h;
     report_.resized = resizing();
@@ -240,6 +297,9 @@ class Builder {
   }
 
   // Pass 2: decode, convert and write every pair; the writer renames the file only at the end.
+  // A bad file (one found only here, e.g. a JPEG truncated after its header) is recorded, nothing
+  // more is written, and the pass goes on decoding to find the others; then the build fails
+  // listing them all and the writer removes its temporary file.
   void write(const std::vector<const Pair*>& train, const std::vector<const Pair*>& val) {
     const int h = report_.height, w = report_.width;
     DatasetWriter writer(opt_.out, h, w, static_cast<int64_t>(train.size()),
@@ -252,21 +312,27 @@ class Builder {
       int64_t& with_cracks = is_val ? report_.val_with_cracks : report_.train_with_cracks;
       for (size_t i = 0; i < items.size(); ++i) {
         const Pair& p = *items[i];
-        Image image = read_image(p.image, PixelFormat::kRgb);
-        Image mask = read_image(p.mask, PixelFormat::kGray);
-        check_pair(p, image.width, image.height, mask);
-        if (image.width != w || image.height != h) {
-          DP_CHECK(resizing(), "image '", p.image, "' changed size while dpprep was running");
-          image = resize_bilinear(image, w, h);
-          mask = resize_nearest(mask, w, h);
+        Image image, mask;
+        const bool good = record(problems_, [&] {
+          image = read_image(p.image, PixelFormat::kRgb);
+          mask = read_image(p.mask, PixelFormat::kGray);
+          check_pair(p, image.width, image.height, mask);
+          if (image.width != w || image.height != h) {
+            DP_CHECK(resizing(), "image '", p.image, "' changed size while dpprep was running");
+            image = resize_bilinear(image, w, h);
+            mask = resize_nearest(mask, w, h);
+          }
+        });
+        if (good && problems_.empty()) {
+          binarise(mask.pixels, opt_.mask_threshold);
+          with_cracks +=
+              std::any_of(mask.pixels.begin(), mask.pixels.end(), [](uint8_t v) { return v != 0; });
+          writer.write(split, static_cast<int64_t>(i), image.pixels.data(), mask.pixels.data());
         }
-        binarise(mask.pixels, opt_.mask_threshold);
-        with_cracks +=
-            std::any_of(mask.pixels.begin(), mask.pixels.end(), [](uint8_t v) { return v != 0; });
-        writer.write(split, static_cast<int64_t>(i), image.pixels.data(), mask.pixels.data());
         if (progress_) progress_("writing", ++done, total);
       }
     }
+    fail_on(problems_);
     writer.set_attr("dpprep_version", kPrepVersion);
     writer.set_attr("source_images", fs::absolute(opt_.images).string());
     writer.set_attr("source_masks", fs::absolute(opt_.masks).string());
@@ -293,6 +359,7 @@ class Builder {
   const BuildOptions& opt_;
   const ProgressFn& progress_;
   BuildReport report_;
+  std::vector<std::string> problems_;  // bad input files found so far, one message each
 };
 
 // Chunk shape and gzip level of a dataset, from its creation property list.

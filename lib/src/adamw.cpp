@@ -35,9 +35,14 @@ void AdamW::update(float lr, int64_t t) {
 
 double clip_grad_norm(Backend& backend, float* grads, int64_t count, double max_norm) {
   const double norm = std::sqrt(backend.sum_squares(count, grads));
+  scale_to_max_norm(backend, grads, count, norm, max_norm);
+  return norm;
+}
+
+void scale_to_max_norm(Backend& backend, float* grads, int64_t count, double norm,
+                       double max_norm) {
   const double coef = max_norm / (norm + kClipEpsilon);
   if (coef < 1.0) backend.scale(count, float(coef), grads);
-  return norm;
 }
 
 double scheduled_lr(const LrSchedule& s, int64_t epoch) {

@@ -24,6 +24,11 @@ namespace {
 class Guard {
  public:
   Guard() : lock_(mutex()) {
+    // No clean-up of HDF5 at exit: after a failed write (a full disk) HDF5 1.10's clean-up of the
+    // file it could not close crashes (SIGSEGV in H5F__close_cb) after the error was reported.
+    // Every file is closed by its owner (Id) before that, so nothing is lost.
+    static const bool no_atexit = (H5dont_atexit(), true);
+    (void)no_atexit;
     thread_local bool silenced = false;
     if (!silenced) {
       H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);

@@ -35,7 +35,9 @@ void throw_mpi_error(int status, const char* call, const char* file, int line) {
 
 Env::Env(int* argc, char*** argv) {
   int provided = 0;
-  DP_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+  // MPI_THREAD_MULTIPLE for the stall watchdog's thread (dp/stall_watchdog.hpp); the training
+  // itself calls MPI from one thread, so FUNNELED is enough where MULTIPLE is not provided.
+  DP_MPI_CHECK(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
   DP_MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   DP_CHECK(provided >= MPI_THREAD_FUNNELED, "MPI provides thread level ", provided,
            ", dptrain needs MPI_THREAD_FUNNELED");

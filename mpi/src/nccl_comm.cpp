@@ -63,6 +63,10 @@ NcclComm::~NcclComm() {
   }
 }
 
+void NcclComm::abort_for_exit() {
+  if (comm_) (void)ncclCommAbort(comm_);
+}
+
 void NcclComm::check(ncclResult_t status, const char* call, const char* file, int line) {
   if (status == ncclSuccess) return;
   failed_ = true;

@@ -127,9 +127,11 @@ TEST(TrainMpi, ResumeEqualsUninterrupted) {
   app::Trainer(first, test::world(), quiet()).run();
   auto second = first;
   second.epochs = 2;
-  app::Trainer resumed(second, test::world(), quiet());
-  EXPECT_EQ(resumed.start_epoch(), 1);
-  resumed.run();
+  {  // destroyed before the next Trainer: one holds --model-dir's lock at a time
+    app::Trainer resumed(second, test::world(), quiet());
+    EXPECT_EQ(resumed.start_epoch(), 1);
+    resumed.run();
+  }
 
   if (test::world().rank() == 0) {
     auto be = make_cpu_backend();

@@ -60,8 +60,12 @@ class DataCli : public ::testing::Test {
     EXPECT_FALSE(fs::exists(dir_.file("out.h5")));
     for (const auto& e : fs::directory_iterator(dir_.path()))
       EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+    // Nothing but the --model-dir lock file, which a job ended by MPI_Abort (an error one rank
+    // saw mid-epoch) leaves behind, unlocked.
     if (fs::exists(dir_.file("run"))) {
-      EXPECT_TRUE(fs::is_empty(dir_.file("run"))) << "a checkpoint was written";
+      for (const auto& e : fs::directory_iterator(dir_.file("run"))) {
+        EXPECT_EQ(e.path().filename(), ".dptrain.lock") << "written: " << e.path();
+      }
     }
   }
   std::string raw(const std::string& name, const test::RawDataset& r) const {
@@ -157,6 +161,32 @@ TEST_F(DataCli, BuildRejectsAnImageMaskSizeMismatch) {
   expect_error(dpprep(build_args()), "dpprep", 1,
                {dir_.file("images/img002.jpg"), "is 32x32 but its mask",
                 dir_.file("masks/img002.png"), "is 40x32"});
+}
+
+// Several bad files: every one listed in one run, one "dpprep: error:" line each (a file that is
+// no image and an empty mask found while reading the masks, a JPEG truncated after its header
+// found by decoding the other images), then a line counting them; exit 1, nothing written.
+TEST_F(DataCli, BuildListsEveryBadFile) {
+  test::PairFolderOptions o = pairs(4);
+  o.width = o.height = 96;  // the cut below leaves the JPEG header whole
+  test::write_pairs(dir_.path(), o);
+  const std::string text = dir_.file("images/img001.jpg"), cut = dir_.file("images/img002.jpg");
+  const std::string empty = dir_.file("masks/img003.png");
+  std::ofstream(text) << "<html>not a JPEG</html>";
+  fs::resize_file(cut, fs::file_size(cut) * 2 / 3);
+  std::ofstream(empty).flush();
+  const auto r = dpprep(build_args());
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_EQ(count(r.output, "dpprep: error:"), 4) << r.output;
+  for (const std::string& line :
+       {"dpprep: error: image '" + text + "' is neither JPEG nor PNG",
+        "dpprep: error: image '" + empty + "' is empty (0 bytes)",
+        "dpprep: error: corrupt or truncated JPEG '" + cut + "'",
+        std::string("dpprep: error: 3 problems with the input files; nothing was written")})
+    EXPECT_TRUE(contains(r.output, line)) << line << " in\n" << r.output;
+  EXPECT_FALSE(fs::exists(dir_.file("out.h5")));
+  for (const auto& e : fs::directory_iterator(dir_.path()))
+    EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
 }
 
 TEST_F(DataCli, BuildListsUnpairedFilesOrSkipsThem) {

@@ -460,12 +460,15 @@ TEST_F(Predict, BadInputIsOneErrorLineAndANonZeroExit) {
     std::string args, message;
     int status;
   };
+  // A file that cannot be read or decoded fails alone (exit 6, the others predicted: see
+  // AnUnreadableFileIsSkippedAndCounted); a path that does not exist, or the listing, stops the
+  // run.
   const std::vector<Case> cases = {
-      {0, "-o " + out + " " + transparent, "has transparent pixels", 1},
-      // Rank 1 fails on its file while rank 0 succeeds: still one line, and exit 1.
+      {0, "-o " + out + " " + transparent, "has transparent pixels", 6},
+      // Rank 1 fails on its file while rank 0 succeeds: still one line, and exit 6 from both.
       {2, "-o " + out + " " + dir_->file("a/x.png") + " " + transparent,
-       "[rank 1] PNG '" + transparent + "' has transparent pixels", 1},
-      {0, "-o " + out + " " + corrupt, "corrupt PNG '" + corrupt + "'", 1},
+       "[rank 1] PNG '" + transparent + "' has transparent pixels", 6},
+      {0, "-o " + out + " " + corrupt, "corrupt PNG '" + corrupt + "'", 6},
       {0, "-o " + out + " " + dir_->file("absent.jpg"), "absent.jpg' does not exist", 1},
       {0, "-o " + out + " " + dir_->file("empty"), "holds no images", 1},
       {0, "-o " + out + " " + dir_->file("a") + " " + dir_->file("b"), "would both write", 1},
@@ -503,6 +506,74 @@ TEST_F(Predict, BadInputIsOneErrorLineAndANonZeroExit) {
   const auto h = test::run_command(alone() + " --help");
   EXPECT_EQ(h.status, 0) << h.output;
   EXPECT_NE(h.output.find("--overlap"), std::string::npos) << h.output;
+}
+
+// One bad file among good ones (issue 19): it gives one error line naming it and no output; every
+// other file is predicted; rank 0 sums up; every rank exits 6. Alone, and on 2 ranks where the
+// bad file is rank 1's (inputs i go to rank i % 2) and rank 0 has nothing to report but the sum.
+TEST_F(Predict, AnUnreadableFileIsSkippedAndCounted) {
+  const std::string in = dir_->file("mixed");
+  std::filesystem::create_directories(in);
+  const std::vector<std::string> good = {"p0.png", "p1.jpg", "p2.png", "p4.png", "p5.jpg"};
+  for (size_t i = 0; i < good.size(); ++i) {
+    const data::Image img = test_image(40 + int(i), 30, i);
+    if (good[i].ends_with(".png"))
+      data::write_png(in + "/" + good[i], img.pixels.data(), img.width, img.height, 3);
+    else
+      data::write_jpeg(in + "/" + good[i], img.pixels.data(), img.width, img.height,
+                       data::PixelFormat::kRgb, 90);
+  }
+  const std::string bad = in + "/p3.jpg";  // input 3 of 6: rank 1's on 2 ranks
+  std::ofstream(bad).flush();              // empty
+  for (const int np : {0, 2}) {
+    const std::string out = dir_->file("mixed_out" + std::to_string(np));
+    const std::string args = "-c " + checkpoint_ + " -q --save-prob --overlay -o " + out + " " + in;
+    const auto r = test::run_command(np == 0 ? alone() + " " + args : mpi(np, DP_DPPREDICT, args));
+    EXPECT_EQ(r.status, 6) << r.output;
+    EXPECT_EQ(count(r.output, "dppredict: error:"), 1) << r.output;
+    const std::string rank = np == 2 ? "1" : "0";
+    EXPECT_NE(r.output.find("dppredict: error: [rank " + rank + "] image '" + bad +
+                            "' is empty (0 bytes)"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(count(r.output, "dppredict: 5 image(s) predicted, 1 failed"), 1) << r.output;
+    EXPECT_NE(r.output.find("dppredict: 5 image(s) in "), std::string::npos) << r.output;
+    for (const char* sub : {"masks", "prob", "overlay"}) {
+      for (const std::string& name : good) {
+        const std::string path =
+            out + "/" + sub + "/" + std::filesystem::path(name).stem().string() + ".png";
+        ASSERT_TRUE(std::filesystem::exists(path)) << path << "\n" << r.output;
+        EXPECT_EQ(data::read_image_header(path).width,
+                  data::read_image(in + "/" + name, data::PixelFormat::kRgb).width)
+            << path;
+      }
+      // Nothing for the bad file, and no temporary left behind.
+      int files = 0;
+      for (const auto& e : std::filesystem::directory_iterator(out + "/" + sub)) {
+        EXPECT_EQ(e.path().extension(), ".png") << e.path();
+        ++files;
+      }
+      EXPECT_EQ(files, int(good.size())) << sub;
+    }
+  }
+  // --list with a text file named .png and a truncated PNG besides a good image: two lines.
+  const std::string text = dir_->file("text.png"), cut = dir_->file("cut.png");
+  std::ofstream(text) << "just some text\n";
+  const data::Image img = test_image(64, 64, 9);
+  data::write_png(cut, img.pixels.data(), 64, 64, 3);
+  std::filesystem::resize_file(cut, std::filesystem::file_size(cut) / 2);
+  const std::string list = dir_->file("mixed_list.txt");
+  std::ofstream(list) << text << "\n" << in << "/p0.png\n" << cut << "\n";
+  const auto l = test::run_command(alone() + " -c " + checkpoint_ + " -q -o " +
+                                   dir_->file("list_out") + " --list " + list);
+  EXPECT_EQ(l.status, 6) << l.output;
+  EXPECT_EQ(count(l.output, "dppredict: error:"), 2) << l.output;
+  EXPECT_NE(l.output.find("image '" + text + "' is neither JPEG nor PNG"), std::string::npos)
+      << l.output;
+  EXPECT_NE(l.output.find("PNG '" + cut + "'"), std::string::npos) << l.output;
+  EXPECT_NE(l.output.find("dppredict: 1 image(s) predicted, 2 failed"), std::string::npos)
+      << l.output;
+  EXPECT_TRUE(std::filesystem::exists(dir_->file("list_out/masks/p0.png")));
 }
 
 }  // namespace

@@ -574,6 +574,52 @@ TEST(Build, AFailureLeavesNoFileAndKeepsTheOldOne) {
   EXPECT_TRUE(leftovers(dir).empty());
 }
 
+// Every bad file is listed, one a line, up to 20 and then how many more; a size difference
+// between images is one problem however many differ.
+TEST(Build, EveryBadFileIsListedUpToALimit) {
+  test::TempDir dir;
+  test::PairFolderOptions o;
+  o.count = 25;
+  o.width = o.height = 32;
+  test::write_pairs(dir.path(), o);
+  BuildOptions b = build_options(dir);
+  b.val_fraction = 0;
+  for (int i = 0; i < o.count; ++i)
+    std::ofstream(dir.file("masks/" + test::pair_stem(o, i) + ".png")).flush();
+  std::string msg = error_of([&] { data::build_dataset(b); });
+  std::vector<std::string> lines;
+  for (size_t at = 0; at <= msg.size();) {
+    const size_t end = std::min(msg.find('\n', at), msg.size());
+    lines.push_back(msg.substr(at, end - at));
+    at = end + 1;
+  }
+  ASSERT_EQ(lines.size(), 22u) << msg;
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_TRUE(contains(lines[i], dir.file("masks/" + test::pair_stem(o, i) + ".png")) &&
+                contains(lines[i], "is empty"))
+        << lines[i];
+  }
+  EXPECT_EQ(lines[20], "... and 5 more");
+  EXPECT_EQ(lines[21], "25 problems with the input files; nothing was written");
+  EXPECT_TRUE(leftovers(dir).empty());
+
+  // Images of two sizes and one empty mask: two problems.
+  test::TempDir mixed;
+  o.count = 3;
+  test::write_pairs(mixed.path(), o);
+  o.prefix = "big";
+  o.width = 64;
+  test::write_pairs(mixed.path(), o);
+  std::ofstream(mixed.file("masks/img001.png")).flush();
+  BuildOptions m = build_options(mixed);
+  m.val_fraction = 0;
+  msg = error_of([&] { data::build_dataset(m); });
+  EXPECT_EQ(std::count(msg.begin(), msg.end(), '\n'), 2) << msg;
+  EXPECT_EQ(contains(msg, "differ in size") + contains(msg, "is empty"), 2) << msg;
+  EXPECT_TRUE(contains(msg, "2 problems with the input files")) << msg;
+  EXPECT_TRUE(leftovers(mixed).empty());
+}
+
 // ---------------------------------------------------------------------------------------------
 // dpprep info
 

@@ -41,6 +41,9 @@ struct BuildReport {
 // Pairs the files, decodes every mask (split stratified by whether it has a crack pixel), then
 // decodes, converts and writes every pair to a temporary file that is renamed to options.out at
 // the end. Bad input throws dp::Error naming the file and the problem; nothing is left behind.
+// Files that cannot be read or decoded (and pairs whose sizes disagree) do not stop a pass: it
+// records each and goes on, then the one dp::Error lists them all, one a line (the first 20,
+// then "... and N more"; for more than one a last line counting them).
 BuildReport build_dataset(const BuildOptions& options, const ProgressFn& progress = {});
 
 // What `dpprep info` prints about one split.

@@ -44,6 +44,8 @@ class AdamW : public Optimizer {
 // if it exceeds max_norm, every gradient is multiplied by max_norm / (norm + 1e-6). Returns the
 // norm before clipping. `grads` is backend memory.
 double clip_grad_norm(Backend& backend, float* grads, int64_t count, double max_norm);
+// The same when the L2 norm of the gradients is already known.
+void scale_to_max_norm(Backend& backend, float* grads, int64_t count, double norm, double max_norm);
 
 // LR of epoch `epoch` (0-based), constant within an epoch (the schedule advances per epoch, as
 // PyTorch schedulers stepped once an epoch):

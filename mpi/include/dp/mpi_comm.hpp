@@ -20,8 +20,9 @@ namespace dp::mpi {
 
 [[noreturn]] void throw_mpi_error(int status, const char* call, const char* file, int line);
 
-// Initialises MPI once (MPI_THREAD_FUNNELED) and finalises it on destruction; errors return
-// codes (MPI_ERRORS_RETURN) so they become dp::Error instead of silent aborts.
+// Initialises MPI once (MPI_THREAD_MULTIPLE where provided, at least FUNNELED) and finalises it on
+// destruction; errors return codes (MPI_ERRORS_RETURN) so they become dp::Error instead of silent
+// aborts.
 class Env {
  public:
   Env(int* argc, char*** argv);

@@ -61,6 +61,9 @@ class NcclComm {
   // call it while waiting on a stream that runs NCCL work so a failure cannot hang the rank.
   void check_async();
   ncclComm_t native() const { return comm_; }
+  // Aborts the communicator so that pending NCCL work returns; only the end of the job may follow
+  // (the stall watchdog calls it from its thread just before MPI_Abort).
+  void abort_for_exit();
 
  private:
   // Throws like DP_NCCL_CHECK, after marking the communicator as failed.

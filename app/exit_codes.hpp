@@ -1,0 +1,20 @@
+// Exit statuses of dptrain, dppredict and dpprep: one table, each value with one meaning.
+#pragma once
+
+namespace dp::app {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;  // an error (one line says what, where, what was expected)
+inline constexpr int kExitUsage = 2;    // bad options or input files the user must change
+// dptrain: a non-finite loss or gradient norm stopped training (no checkpoint of it is written).
+inline constexpr int kExitNonFinite = 3;
+// dptrain: a collective waited longer than --stall-timeout (a rank stopped, hung or died).
+inline constexpr int kExitStalled = 4;
+// dptrain: another dptrain holds the --model-dir lock (its host, pid and Slurm job are named).
+inline constexpr int kExitModelDirLocked = 5;
+// dppredict: some inputs could not be read or predicted; every other input was predicted.
+inline constexpr int kExitSomeInputsFailed = 6;
+// dptrain: stopped by SIGTERM/SIGUSR1 after writing a resumable checkpoint (EX_TEMPFAIL).
+inline constexpr int kExitPreempted = 75;
+
+}  // namespace dp::app
