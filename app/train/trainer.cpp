@@ -18,6 +18,7 @@
 #include "dp/adamw.hpp"
 #include "dp/dataset.hpp"
 #include "dp/fs.hpp"
+#include "dp/mpi_comm.hpp"
 #include "dp/rng.hpp"
 #include "dp/sampler.hpp"
 #include "dp/synth.hpp"
