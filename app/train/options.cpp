@@ -79,12 +79,30 @@ std::string TrainOptions::describe() const {
 
 namespace {
 
+// Boost.Program_options 1.74 formats an error by replacing each placeholder of its message
+// ("%value%", "%invalid_line%", ...) with the offending text, and loops forever when that text
+// holds the placeholder itself (found by fuzzing --config): any "%word%" is refused before Boost
+// sees it.
+void refuse_placeholders(const std::string& text, const std::string& where) {
+  for (size_t at = text.find('%'); at != std::string::npos; at = text.find('%', at + 1)) {
+    size_t end = at + 1;
+    while (end < text.size() && ((text[end] >= 'a' && text[end] <= 'z') || text[end] == '_')) ++end;
+    if (end > at + 1 && end < text.size() && text[end] == '%')
+      throw UsageError(
+          str_cat(where, ": '", text.substr(at, end - at + 1), "' is not allowed in options"));
+  }
+}
+
 // Reads an INI file of options into `vm` (values already there, from the command line, stay).
 // An unknown key, a bad value or an unreadable file is a UsageError naming the file.
 void store_config_file(const std::string& path, const po::options_description& options,
                        po::variables_map& vm) {
-  std::ifstream in(path);
-  if (!in) throw UsageError(str_cat("--config '", path, "': cannot read the file"));
+  std::ifstream file(path);
+  if (!file) throw UsageError(str_cat("--config '", path, "': cannot read the file"));
+  std::ostringstream text;
+  text << file.rdbuf();
+  refuse_placeholders(text.str(), str_cat("--config '", path, "'"));
+  std::istringstream in(text.str());
   try {
     const po::parsed_options parsed = po::parse_config_file(in, options, false);
     for (const po::option& opt : parsed.options)
@@ -247,6 +265,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   parsed.add(all).add(hidden);
 
   po::variables_map vm;
+  for (int i = 1; i < argc; ++i) refuse_placeholders(argv[i], str_cat("argument '", argv[i], "'"));
   try {
     po::store(po::command_line_parser(argc, argv).options(parsed).run(), vm);
   } catch (const po::error& e) {

@@ -14,6 +14,7 @@
 #include "dp/error.hpp"
 #include "dp/fs.hpp"
 #include "dp/h5.hpp"
+#include "dp/image_io.hpp"
 
 namespace dp::data {
 
@@ -26,6 +27,7 @@ constexpr const char* kPosWeightAttr = "pos_weight";
 constexpr const char* kMeanAttr = "mean";
 constexpr const char* kStdAttr = "std";
 constexpr double kMaxByte = 255.0;
+constexpr int64_t kMaxSamples = int64_t{1} << 31;  // per split
 
 std::string images_path(const std::string& split) {
   return split + "/images";
@@ -90,9 +92,13 @@ Dataset::Dataset(const std::string& path, const std::string& split) : path_(path
   DP_CHECK(ms[0] == is[0] && ms[1] == is[1] && ms[2] == is[2], "dataset '", masks_->name(),
            "' has shape ", shape_str(ms), ", expected [", is[0], ",", is[1], ",", is[2],
            "] to match '", images_->name(), "' ", shape_str(is));
-  constexpr int64_t kMaxSide = std::numeric_limits<int>::max() / kChannels;
-  DP_CHECK(is[1] <= kMaxSide && is[2] <= kMaxSide, "dataset '", images_->name(), "': image size ",
-           is[1], "x", is[2], " is too large");
+  DP_CHECK(is[1] <= kMaxImageSide && is[2] <= kMaxImageSide, "dataset '", images_->name(),
+           "': image size ", is[1], "x", is[2], " is too large (sides up to ", kMaxImageSide, ")");
+  // Before anything is allocated per sample: a sane count, and the data really in the file.
+  DP_CHECK(is[0] <= kMaxSamples, "'", path, "': split '", split, "' claims ", is[0],
+           " samples, more than ", kMaxSamples, " ('", images_->name(), "' ", shape_str(is), ")");
+  images_->check_stored();
+  masks_->check_stored();
   size_ = is[0];
   height_ = static_cast<int>(is[1]);
   width_ = static_cast<int>(is[2]);

@@ -114,6 +114,21 @@ void check_size(int width, int height, const std::string& path) {
            path, "' has size ", width, "x", height, ", expected sides in [1, ", kMaxImageSide, "]");
 }
 
+// Pixels a file may claim before they are allocated: any count up to kFreePixels, beyond that at
+// most `per_byte` per byte of the file. JPEG: a Huffman-coded 8x8 block takes at least a bit
+// (512 px/byte), with room for arithmetic coding; PNG: 1-bit pixels at deflate's largest ratio.
+constexpr int64_t kFreePixels = int64_t{1} << 24;
+constexpr int64_t kJpegPixelsPerByte = 4096;
+constexpr int64_t kPngPixelsPerByte = 8 * 1032;
+
+void check_claim(int width, int height, size_t bytes, int64_t per_byte, const char* codec,
+                 const std::string& path) {
+  const int64_t pixels = static_cast<int64_t>(width) * height;
+  DP_CHECK(pixels <= std::max(kFreePixels, static_cast<int64_t>(bytes) * per_byte), codec, " '",
+           path, "' claims ", width, "x", height, " pixels in a file of ", bytes,
+           " bytes: it is truncated or forged");
+}
+
 // ---------------------------------------------------------------------------------------------
 // JPEG
 
@@ -136,6 +151,7 @@ JpegHeader jpeg_header(void* handle, const std::vector<uint8_t>& bytes, const st
   DP_CHECK(h.colorspace != TJCS_CMYK && h.colorspace != TJCS_YCCK, "JPEG '", path,
            "' is CMYK, which is not supported: convert it to RGB");
   check_size(h.width, h.height, path);
+  check_claim(h.width, h.height, bytes.size(), kJpegPixelsPerByte, "JPEG", path);
   return h;
 }
 
@@ -169,6 +185,8 @@ void png_begin(PngImage& png, const std::vector<uint8_t>& bytes, const std::stri
   }
   check_size(static_cast<int>(std::min<png_uint_32>(png->width, kMaxImageSide + 1)),
              static_cast<int>(std::min<png_uint_32>(png->height, kMaxImageSide + 1)), path);
+  check_claim(static_cast<int>(png->width), static_cast<int>(png->height), bytes.size(),
+              kPngPixelsPerByte, "PNG", path);
 }
 
 Image decode_png(const std::vector<uint8_t>& bytes, const std::string& path, PixelFormat format) {

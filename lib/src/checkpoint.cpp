@@ -22,6 +22,8 @@ const std::string kOptimGroup = "optim/";
 // SGD's momentum buffer when has_optimizer_state is set.
 const char* const kStateNamesAttr = "optimizer_state";
 constexpr char kStateNameSeparator = ',';
+constexpr size_t kMaxStateArenas = 8;     // SGD has one, AdamW two
+constexpr int64_t kMaxImageSide = 32768;  // the largest side dpprep and dppredict accept
 
 std::vector<std::string> split_names(const std::string& joined) {
   std::vector<std::string> names;
@@ -104,6 +106,9 @@ CheckpointMeta read_meta(const h5::Location& root) {
   m.deconv = root.has_attr("deconv") ? root.attr_int("deconv") : 0;
   m.height = root.attr_int("height");
   m.width = root.attr_int("width");
+  DP_CHECK(m.height >= 0 && m.height <= kMaxImageSide && m.width >= 0 && m.width <= kMaxImageSide,
+           "checkpoint '", root.name(), "': image size ", m.height, "x", m.width,
+           " out of range [0, ", kMaxImageSide, "]");
   m.world_size = root.attr_int("world_size");
   m.global_batch = root.attr_int("global_batch");
   m.seed = root.attr_int("seed");
@@ -128,6 +133,14 @@ CheckpointMeta read_meta(const h5::Location& root) {
     m.optimizer_state = root.has_attr(kStateNamesAttr)
                             ? split_names(root.attr_string(kStateNamesAttr))
                             : std::vector<std::string>{Sgd::kStateName};
+  // Each arena is read in full: a few distinct names only.
+  std::vector<std::string> names = m.optimizer_state;
+  std::sort(names.begin(), names.end());
+  DP_CHECK(names.size() <= kMaxStateArenas &&
+               std::adjacent_find(names.begin(), names.end()) == names.end() &&
+               std::find(names.begin(), names.end(), "") == names.end(),
+           "checkpoint '", root.name(), "': bad optimizer state list '",
+           root.has_attr(kStateNamesAttr) ? root.attr_string(kStateNamesAttr) : "", "'");
   if (root.has_attr("epoch_step")) {
     m.epoch_step = root.attr_int("epoch_step");
     m.epoch_position = root.attr_int("epoch_position");

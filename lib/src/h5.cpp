@@ -233,6 +233,37 @@ int64_t space_points(hid_t space, const std::string& what) {
   return static_cast<int64_t>(n);
 }
 
+// Size in bytes of the file holding `obj` if it is open read-only, else -1 (a file being written
+// has data not yet placed).
+int64_t readonly_file_bytes(hid_t obj) {
+  const hid_t file = H5Iget_file_id(obj);
+  if (file < 0) {
+    H5Eclear2(H5E_DEFAULT);
+    return -1;
+  }
+  unsigned intent = 0;
+  hsize_t size = 0;
+  const bool known = H5Fget_intent(file, &intent) >= 0 && H5Fget_filesize(file, &size) >= 0;
+  H5Fclose(file);
+  H5Eclear2(H5E_DEFAULT);
+  return known && intent == H5F_ACC_RDONLY ? static_cast<int64_t>(size) : -1;
+}
+
+// Throws unless `count` elements of `element_bytes` each fit in kMaxAttrBytes and, read-only, in
+// the file: checked before the attribute's value is allocated.
+void check_attr_size(const Location& loc, const std::string& name, int64_t count,
+                     size_t element_bytes) {
+  const int64_t file_bytes = readonly_file_bytes(loc.id());
+  const int64_t limit = file_bytes >= 0 ? std::min(kMaxAttrBytes, file_bytes) : kMaxAttrBytes;
+  const auto size = static_cast<int64_t>(std::max<size_t>(element_bytes, 1));
+  DP_CHECK(
+      count >= 0 && element_bytes <= static_cast<size_t>(kMaxAttrBytes) && count <= limit / size,
+      "attribute '", name, "' of '", loc.name(), "' claims ", count, " elements of ", element_bytes,
+      " bytes, more than ",
+      file_bytes >= 0 && file_bytes < kMaxAttrBytes ? "the file holds (" : "the limit (", limit,
+      " bytes)");
+}
+
 }  // namespace
 
 std::recursive_mutex& mutex() {
@@ -330,6 +361,7 @@ std::vector<T> read_numeric_attr(const Location& loc, const std::string& name, h
            loc.name(), "' has type ", type_name(type.get()), ", expected ", expected);
   Id space = DP_H5_ID(H5Aget_space(attr.get()), "reading the dataspace of attribute '", name, "'");
   const int64_t n = space_points(space.get(), str_cat("attribute '", name, "'"));
+  check_attr_size(loc, name, n, H5Tget_size(type.get()));
   if (single) {
     DP_CHECK(n == 1, "attribute '", name, "' of '", loc.name(), "' has ", n,
              " elements, expected a scalar");
@@ -414,6 +446,7 @@ std::string Location::attr_string(const std::string& name) const {
     return value;
   }
   const size_t size = H5Tget_size(type.get());
+  check_attr_size(*this, name, 1, size);
   std::string buf(size, '\0');
   DP_H5_CHECK_MSG(H5Aread(attr.get(), type.get(), buf.data()), "reading attribute '", name,
                   "' of '", name_, "'");
@@ -563,6 +596,36 @@ size_t deflated_row_bytes(hid_t dset, const std::vector<int64_t>& shape, const s
   return bytes;
 }
 
+// HDF5 refuses to create chunks larger than a fixed dimension but reads files that have them,
+// and then copies past the caller's buffer (HDF5 1.10.8; found by fuzzing): refused before any
+// read. Also every chunk dimension is at least 1 and the chunk's rank is the dataset's.
+void check_chunks(hid_t dset, hid_t space, const std::vector<hsize_t>& dims,
+                  const std::string& name) {
+  Id dcpl = DP_H5_ID(H5Dget_create_plist(dset), "reading the creation properties of '", name, "'");
+  if (H5Pget_layout(dcpl.get()) != H5D_CHUNKED) return;
+  hsize_t chunk[H5S_MAX_RANK] = {};
+  const int rank = H5Pget_chunk(dcpl.get(), H5S_MAX_RANK, chunk);
+  DP_H5_CHECK_MSG(rank, "reading the chunk shape of '", name, "'");
+  std::vector<hsize_t> max_dims(dims.size());
+  if (!dims.empty()) {
+    DP_H5_CHECK_MSG(H5Sget_simple_extent_dims(space, nullptr, max_dims.data()),
+                    "reading the maximum shape of '", name, "'");
+  }
+  bool fits = static_cast<size_t>(rank) == dims.size();
+  std::string text;
+  for (int i = 0; i < std::min(rank, H5S_MAX_RANK); ++i) {
+    text += str_cat(i ? "," : "", chunk[i]);
+    if (fits) {
+      fits = chunk[i] >= 1 && (max_dims[static_cast<size_t>(i)] == H5S_UNLIMITED ||
+                               chunk[i] <= std::max<hsize_t>(max_dims[static_cast<size_t>(i)], 1));
+    }
+  }
+  std::string shape;
+  for (hsize_t d : dims) shape += str_cat(shape.empty() ? "" : ",", d);
+  DP_CHECK(fits, "dataset '", name, "' has chunks [", text, "] that do not fit its shape [", shape,
+           "]: the file is corrupt or forged");
+}
+
 }  // namespace
 
 Dataset::Dataset(Id id, std::string name) {
@@ -575,7 +638,19 @@ Dataset::Dataset(Id id, std::string name) {
     DP_H5_CHECK_MSG(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr),
                     "reading the shape of '", name, "'");
   }
+  // The element count must fit kMaxElements (no int64 overflow in numel() or in byte counts).
+  hsize_t elements = 1;
+  std::string dims_text;
+  for (hsize_t d : dims) dims_text += str_cat(dims_text.empty() ? "" : ",", d);
+  for (hsize_t d : dims) {
+    DP_CHECK(d <= static_cast<hsize_t>(kMaxElements) &&
+                 (d == 0 || elements <= static_cast<hsize_t>(kMaxElements) / d),
+             "dataset '", name, "' has shape [", dims_text, "], more than ", kMaxElements,
+             " elements");
+    elements *= d;
+  }
   shape_.assign(dims.begin(), dims.end());
+  check_chunks(id.get(), space.get(), dims, name);
   Id type = DP_H5_ID(H5Dget_type(id.get()), "reading the type of '", name, "'");
   const H5T_class_t cls = H5Tget_class(type.get());
   const size_t size = H5Tget_size(type.get());
@@ -641,6 +716,39 @@ int64_t Dataset::numel() const {
 
 Location& Dataset::attrs() {
   return attrs_;
+}
+
+void Dataset::check_stored() const {
+  Guard guard;
+  const hid_t id = attrs_.id();
+  const int64_t element_bytes = type_ == Type::kUint8 ? 1 : 4;
+  const int64_t need = numel() * element_bytes;  // numel() <= kMaxElements: no overflow
+  // Filters deflate, shuffle and fletcher32 shrink data by at most kMaxDeflateRatio; any other
+  // (not written by dptrain) gives no bound.
+  Id dcpl = DP_H5_ID(H5Dget_create_plist(id), "reading the creation properties of '", name(), "'");
+  const int filters = H5Pget_nfilters(dcpl.get());
+  DP_H5_CHECK_MSG(filters, "reading the filters of '", name(), "'");
+  int64_t least = need;
+  for (int i = 0; i < filters; ++i) {
+    unsigned flags = 0;
+    size_t n_values = 0;
+    const H5Z_filter_t f = H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &n_values,
+                                          nullptr, 0, nullptr, nullptr);
+    DP_H5_CHECK_MSG(f, "reading the filters of '", name(), "'");
+    if (f == H5Z_FILTER_DEFLATE) {
+      least = std::min(least, (need + kMaxDeflateRatio - 1) / kMaxDeflateRatio);
+    } else if (f != H5Z_FILTER_SHUFFLE && f != H5Z_FILTER_FLETCHER32) {
+      least = std::min<int64_t>(least, need > 0 ? 1 : 0);
+    }
+  }
+  const auto stored = static_cast<int64_t>(H5Dget_storage_size(id));  // 0 also on error
+  H5Eclear2(H5E_DEFAULT);
+  const int64_t file_bytes = readonly_file_bytes(id);
+  DP_CHECK(file_bytes < 0 || stored <= file_bytes, "dataset '", name(), "' claims ", stored,
+           " bytes of data, more than its file holds (", file_bytes, " bytes)");
+  DP_CHECK(stored >= least, "dataset '", name(), "' of shape ", shape_str(shape_), " holds ",
+           stored, " bytes of data, but its ", numel(), " elements need at least ", least,
+           ": the file is truncated or forged, or rows were never written");
 }
 
 namespace {

@@ -42,7 +42,10 @@ std::string canonical_weight_name(const std::string& model, const std::string& k
     static const std::regex vgg(R"((?:features|encoder)\.(\d+)\.(weight|bias))");
     std::smatch m;
     if (std::regex_match(key, m, vgg)) {
-      const auto it = vgg_index_map().find(std::stoi(m[1].str()));
+      // Indices are below 31: a longer digit string (std::stoi would throw) names no layer.
+      const std::string index = m[1].str();
+      const auto it =
+          index.size() <= 2 ? vgg_index_map().find(std::stoi(index)) : vgg_index_map().end();
       if (it == vgg_index_map().end()) return "";
       return str_cat("conv", it->second.first, ".", it->second.second, ".", m[2].str());
     }

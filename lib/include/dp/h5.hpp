@@ -18,6 +18,14 @@ std::recursive_mutex& mutex();
 void check(int64_t status, const char* what, const char* file, int line);
 #define DP_H5_CHECK(call) ::dp::h5::check(static_cast<int64_t>(call), #call, __FILE__, __LINE__)
 
+// What a file may claim, checked before anything is allocated from it: an attribute's data (also
+// at most the size of a file opened for reading) and a dataset's element count.
+inline constexpr int64_t kMaxAttrBytes = int64_t{64} << 20;
+inline constexpr int64_t kMaxElements = int64_t{1} << 50;
+// Deflate's largest compression ratio (a 258-byte match in 2 bits): filtered data takes at least
+// this fraction of its size.
+inline constexpr int64_t kMaxDeflateRatio = 1032;
+
 // Owns one hid_t and closes it with the right H5*close on destruction. Move-only.
 class Id {
  public:
@@ -109,6 +117,11 @@ class Dataset {
   void read_rows(int64_t first, int64_t count, uint8_t* data) const;
   void read_rows(int64_t first, int64_t count, float* data) const;
   Location& attrs();  // the dataset as an attribute holder
+  // Throws unless the file holds this dataset's data: the bytes it stores (allocated chunks, or
+  // the contiguous block) fit in the file and are at least what every element needs (all of it
+  // unfiltered, 1/kMaxDeflateRatio of it through deflate, shuffle and fletcher32). So a small
+  // file cannot claim a huge dataset, and a dataset with missing rows is refused.
+  void check_stored() const;
   const std::string& name() const { return attrs_.name(); }
 
  private:
