@@ -8,6 +8,7 @@ packages=(
   libhdf5-dev hdf5-tools zlib1g-dev
   libturbojpeg0-dev libpng-dev
   libboost-program-options-dev
+  libprotobuf-dev protobuf-compiler
   libdnnl-dev ocl-icd-opencl-dev
   libgtest-dev
 )

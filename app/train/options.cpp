@@ -73,7 +73,8 @@ std::string TrainOptions::describe() const {
      << "log_all_ranks = " << log_all_ranks << "\n"
      << "save_every = " << save_every << "\n"
      << "keep_last = " << keep_last << "\n"
-     << "report = " << report << "\n";
+     << "report = " << report << "\n"
+     << "tensorboard = " << tensorboard << "\n";
   return os.str();
 }
 
@@ -252,7 +253,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "log-all-ranks", po::bool_switch(&o.log_all_ranks),
       "log from every rank with a [rank r] prefix")(
       "report", po::bool_switch(&o.report),
-      "write report.html in --model-dir after every epoch (curves, sample predictions)");
+      "write report.html in --model-dir after every epoch (curves, sample predictions)")(
+      "tensorboard", po::bool_switch(&o.tensorboard),
+      "write TensorBoard events in --model-dir/tb: loss, LR and img/s every --log-every steps "
+      "(0: every step), validation metrics and sample predictions every epoch, the options");
   po::options_description general("General");
   general.add_options()("config", po::value(&o.config),
                         "INI file of options: 'name = value' lines, names as on the command line "

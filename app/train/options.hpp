@@ -87,6 +87,8 @@ struct TrainOptions {
   std::string progress = "auto";  // auto | bar | lines (train/progress.hpp)
   // --report: write report.html in model_dir after every epoch (rank 0)
   bool report = false;
+  // --tensorboard: write TensorBoard events in model_dir/tb (rank 0)
+  bool tensorboard = false;
 
   bool synthetic() const { return data.empty(); }
   int effective_width_divisor() const {

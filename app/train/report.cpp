@@ -21,8 +21,6 @@ namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 constexpr int kThumbSide = 256;  // samples larger than this are shrunk for the page
-constexpr uint8_t kMaskOn = 255;
-constexpr int kChannels = 3;
 // Chart geometry (SVG user units).
 constexpr double kChartWidth = 460, kChartHeight = 260;
 constexpr double kLeft = 58, kRight = 14, kTop = 40, kBottom = 34;
@@ -49,16 +47,9 @@ double nice_step(double raw) {
   return 10 * p;
 }
 
-// Shrinks an image (bilinear) or a 0/255 mask (nearest) to at most kThumbSide on its longer side.
-data::Image thumbnail(data::Image img, bool mask) {
-  const int side = std::max(img.width, img.height);
-  if (side <= kThumbSide) return img;
-  const int w = std::max(1, img.width * kThumbSide / side);
-  const int h = std::max(1, img.height * kThumbSide / side);
-  return mask ? data::resize_nearest(img, w, h) : data::resize_bilinear(img, w, h);
-}
-
-std::string uri_of(const data::Image& img) {
+// A PNG data: URI of an image or mask, shrunk for the page.
+std::string uri_of(data::Image img, bool mask) {
+  img = display_size(std::move(img), kThumbSide, mask);
   return png_data_uri(img.pixels.data(), img.width, img.height, img.channels);
 }
 
@@ -152,17 +143,20 @@ std::string html_escape(const std::string& text) {
 }
 
 std::string svg_line_chart(const std::string& title, const std::vector<ChartSeries>& series,
-                           int64_t epochs, int64_t marker_epoch) {
+                           int64_t epochs, int64_t marker_epoch,
+                           std::optional<std::pair<double, double>> y_range) {
   double lo = std::numeric_limits<double>::infinity(), hi = -lo;
   for (const ChartSeries& s : series)
     for (const double v : s.values)
       if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
   if (!std::isfinite(lo)) lo = 0, hi = 1;
-  if (hi - lo <= std::abs(hi) * 1e-9) {  // flat: a band around the value
+  const bool non_negative = lo >= 0;  // a flat curve at 0 gets a band above it, not below
+  if (y_range) {                      // values outside it stretch it
+    lo = std::min(lo, y_range->first), hi = std::max(hi, y_range->second);
+  } else if (hi - lo <= std::abs(hi) * 1e-9) {  // flat: a band around the value
     const double pad = hi != 0 ? std::abs(hi) * 0.5 : 1.0;
     lo -= pad, hi += pad;
   }
-  const bool non_negative = lo >= 0;
   const double step = nice_step((hi - lo) / kYTicks);
   lo = std::floor(lo / step) * step;
   hi = std::ceil(hi / step) * step;
@@ -244,62 +238,22 @@ std::string svg_line_chart(const std::string& title, const std::vector<ChartSeri
 }
 
 TrainingReport::TrainingReport(const TrainOptions& options, const std::string& data_path,
-                               bool has_val, const Normalization& normalization)
-    : opt_(options),
-      data_path_(data_path),
-      has_val_(has_val),
-      logit_threshold_(float(std::log(options.threshold / (1.0 - options.threshold)))) {
-  if (!has_val_) return;
-  const data::Dataset val(data_path, "val");
-  const NormalizationLut lut = normalization_lut(normalization);
-  const int64_t n = std::min<int64_t>(kSamples, val.size());
-  const int h = val.height(), w = val.width();
-  const size_t pixels = size_t(h) * size_t(w);
-  for (int64_t k = 0; k < n; ++k) {
-    Sample s;
-    s.index = k * val.size() / n;  // evenly spaced, the same every epoch
-    s.height = h;
-    s.width = w;
-    data::Image image{w, h, kChannels, std::vector<uint8_t>(pixels * kChannels)};
-    s.mask.resize(pixels);
-    val.read(s.index, image.pixels.data(), s.mask.data());
-    s.input.resize(pixels * kChannels);
-    for (size_t i = 0; i < pixels * kChannels; ++i)
-      s.input[i] = lut[i % kChannels][image.pixels[i]];
-    data::Image truth{w, h, 1, std::vector<uint8_t>(pixels)};
-    for (size_t i = 0; i < pixels; ++i) truth.pixels[i] = s.mask[i] != 0 ? kMaskOn : 0;
-    s.image_uri = uri_of(thumbnail(std::move(image), false));
-    s.truth_uri = uri_of(thumbnail(std::move(truth), true));
-    samples_.push_back(std::move(s));
-  }
+                               std::shared_ptr<const ValidationSamples> samples)
+    : opt_(options), data_path_(data_path), has_val_(samples != nullptr), samples_(samples) {
+  if (!samples_) return;
+  for (const ValidationSamples::Sample& s : samples_->samples())
+    shown_.push_back({s.index, uri_of(s.image, false),
+                      uri_of(mask_image(s.mask, s.image.width, s.image.height), true), "", ""});
 }
 
 void TrainingReport::predict(Model& model, int64_t epoch) {
-  const bool was_training = model.training();
-  model.set_training(false);  // running statistics, no dropout: as in validation
-  for (size_t first = 0; first < samples_.size(); first += size_t(model.max_batch())) {
-    const size_t n = std::min(samples_.size() - first, size_t(model.max_batch()));
-    const Sample& s0 = samples_[first];
-    const size_t pixels = size_t(s0.height) * size_t(s0.width);
-    std::vector<float> batch(n * pixels * kChannels);
-    for (size_t k = 0; k < n; ++k)
-      std::copy(samples_[first + k].input.begin(), samples_[first + k].input.end(),
-                batch.begin() + ptrdiff_t(k * pixels * kChannels));
-    const float* logits = model.forward_host(batch.data(), int(n));
-    for (size_t k = 0; k < n; ++k) {
-      Sample& s = samples_[first + k];
-      data::Image pred{s.width, s.height, 1, std::vector<uint8_t>(pixels)};
-      int64_t tp = 0, fp = 0, fn = 0;
-      for (size_t i = 0; i < pixels; ++i) {
-        const bool p = logits[k * pixels + i] > logit_threshold_, g = s.mask[i] != 0;
-        pred.pixels[i] = p ? kMaskOn : 0;
-        tp += p && g, fp += p && !g, fn += !p && g;
-      }
-      s.iou = double(tp) / std::max<double>(1.0, double(tp + fp + fn));
-      s.prediction_uri = uri_of(thumbnail(std::move(pred), true));
-    }
+  const std::vector<ValidationSamples::Prediction> predictions = samples_->predict(model);
+  for (size_t k = 0; k < shown_.size(); ++k) {
+    const data::Image& image = samples_->samples()[k].image;
+    shown_[k].prediction_uri =
+        uri_of(mask_image(predictions[k].mask, image.width, image.height), true);
+    shown_[k].score = describe_sample_iou(predictions[k].counts);
   }
-  model.set_training(was_training);
   predicted_epoch_ = epoch;
 }
 
@@ -308,9 +262,9 @@ void TrainingReport::update(Model& model, const CheckpointMeta& state, double lr
   try {
     lr_[state.epoch] = lr;
     throughput_[state.epoch] = images_per_s;
-    if (!samples_.empty() && state.best_epoch == state.epoch) {
+    if (!shown_.empty() && state.best_epoch == state.epoch) {
       predict(model, state.epoch);
-    } else if (!samples_.empty() && predicted_epoch_ == 0 && state.best_epoch > 0) {
+    } else if (!shown_.empty() && predicted_epoch_ == 0 && state.best_epoch > 0) {
       // Resumed: the best weights are in model_best.h5; borrow the model for a moment.
       const WeightsSnapshot keep(model);
       load_checkpoint((std::filesystem::path(opt_.model_dir) / kBestCheckpointName).string(),
@@ -425,24 +379,24 @@ pre { background: #f6f6f6; padding: 8px; font-size: 12px; }
     h += svg_line_chart(
         str_cat("Validation IoU and Dice (threshold ", opt_.threshold, ")"),
         {{"valid_iou", "IoU", kValidColor, iou}, {"valid_dice", "Dice", kDiceColor, dice}}, epochs,
-        state.best_epoch);
+        state.best_epoch, std::make_pair(0.0, 1.0));
   h += svg_line_chart("Learning rate", {{"lr", "lr", kLrColor, lr}}, epochs);
   h += svg_line_chart("Throughput (training images/s)",
                       {{"throughput", "img/s", kSpeedColor, speed}}, epochs);
   h += "</div>\n<h2>Validation samples</h2>\n";
-  if (samples_.empty()) {
+  if (shown_.empty()) {
     h += "<p>No validation split: no samples to show.</p>\n";
   } else {
     h += str_cat("<p class=\"sub\">Fixed samples of the validation split; prediction (p &gt; ",
                  opt_.threshold, ") from the best model",
                  predicted_epoch_ > 0 ? str_cat(", epoch ", predicted_epoch_) : std::string(),
-                 ".</p>\n");
+                 ". IoU is undefined for a sample without crack pixels: the page says whether "
+                 "any were predicted.</p>\n");
     h += "<table class=\"samples\">\n<tr><th>sample</th><th>image</th><th>ground truth</th>"
          "<th>prediction</th></tr>\n";
-    for (const Sample& s : samples_) {
+    for (const Shown& s : shown_) {
       h += str_cat("<tr><td>#", s.index,
-                   predicted_epoch_ > 0 ? str_cat("<br/>IoU ", fixed(s.iou, 3)) : std::string(),
-                   "</td>");
+                   predicted_epoch_ > 0 ? "<br/>" + html_escape(s.score) : std::string(), "</td>");
       for (const std::string* uri : {&s.image_uri, &s.truth_uri, &s.prediction_uri}) {
         if (uri->empty())
           h += "<td>(none yet)</td>";

@@ -4,7 +4,10 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dp/checkpoint.hpp"
@@ -12,6 +15,7 @@
 #include "dp/model.hpp"
 #include "predict/normalization.hpp"
 #include "train/options.hpp"
+#include "train/validation_samples.hpp"
 
 namespace dp::app {
 
@@ -31,9 +35,11 @@ struct ChartSeries {
 
 // An inline SVG line chart over epochs 1..epochs: one polyline per series (broken at NaN) and one
 // <circle class="pt" data-series=ID data-epoch=E> per value, with a <title> tooltip.
-// `marker_epoch` > 0 draws a dashed vertical line there (the best epoch).
+// `marker_epoch` > 0 draws a dashed vertical line there (the best epoch). `y_range` fixes the y
+// axis (a ratio's is 0..1); without it the axis fits the values.
 std::string svg_line_chart(const std::string& title, const std::vector<ChartSeries>& series,
-                           int64_t epochs, int64_t marker_epoch = 0);
+                           int64_t epochs, int64_t marker_epoch = 0,
+                           std::optional<std::pair<double, double>> y_range = std::nullopt);
 
 // Text with & < > " escaped for HTML content and attribute values.
 std::string html_escape(const std::string& text);
@@ -41,12 +47,11 @@ std::string html_escape(const std::string& text);
 class TrainingReport {
  public:
   static constexpr const char* kFileName = "report.html";
-  static constexpr int kSamples = 4;  // validation samples shown (fewer if the split is smaller)
+  static constexpr int kSamples = ValidationSamples::kCount;
 
-  // Reads the fixed validation samples (evenly spaced over the split) of `data_path` when it has
-  // one, normalised as training does. Throws dp::Error naming the file on a read error.
-  TrainingReport(const TrainOptions& options, const std::string& data_path, bool has_val,
-                 const Normalization& normalization);
+  // `samples`: the fixed validation samples, null without a validation split.
+  TrainingReport(const TrainOptions& options, const std::string& data_path,
+                 std::shared_ptr<const ValidationSamples> samples);
 
   // After an epoch was validated and saved (rank 0): records its LR and throughput, refreshes the
   // sample predictions when this epoch is the best (from `model`, evaluation mode) or when there
@@ -59,13 +64,10 @@ class TrainingReport {
   std::string html(const CheckpointMeta& state) const;
 
  private:
-  struct Sample {
+  struct Shown {  // a sample as the page shows it
     int64_t index = 0;
-    int height = 0, width = 0;
-    std::vector<uint8_t> mask;  // 0/1
-    std::vector<float> input;   // normalised NHWC
     std::string image_uri, truth_uri, prediction_uri;
-    double iou = 0;
+    std::string score;  // describe_sample_iou of the prediction
   };
   void predict(Model& model, int64_t epoch);
   void write(const CheckpointMeta& state) const;
@@ -73,8 +75,8 @@ class TrainingReport {
   TrainOptions opt_;
   std::string data_path_;
   bool has_val_ = false;
-  float logit_threshold_ = 0;
-  std::vector<Sample> samples_;
+  std::shared_ptr<const ValidationSamples> samples_;
+  std::vector<Shown> shown_;
   int64_t predicted_epoch_ = 0;                // epoch whose weights made the predictions (0: none)
   std::map<int64_t, double> lr_, throughput_;  // per epoch (1-based), as seen by this process
 };

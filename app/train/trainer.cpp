@@ -27,6 +27,8 @@
 #include "train/optimization.hpp"
 #include "train/report.hpp"
 #include "train/retention.hpp"
+#include "train/tensorboard.hpp"
+#include "train/validation_samples.hpp"
 #ifdef DP_WITH_CUDA
 #include "dp/cuda/batch_upload.hpp"
 #include "dp/cuda/cuda_backend.hpp"
@@ -326,6 +328,12 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     for (std::string line; std::getline(lines, line);) block += "\n  " + line;
     log_.info("configuration (", comm_.size(), " rank(s)):", block);
   }
+  {  // Where this rank runs (every rank's line with --log-all-ranks).
+    char host[256] = {};
+    gethostname(host, sizeof host - 1);
+    log_.info("rank ", comm_.rank(), " of ", comm_.size(), " on node ", host, ", node-local rank ",
+              comm_.local_rank(), " of ", comm_.local_size());
+  }
   // --device auto: the GPU where this dptrain has the CUDA backend and one is visible.
   bool use_gpu = opt_.device == "cuda";
 #ifdef DP_WITH_CUDA
@@ -480,11 +488,26 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
       watchdog_ = std::make_unique<mpi::StallWatchdog>(mpi_comm->native(), opt_.stall_timeout,
                                                        "dptrain", kExitStalled, before_abort);
     }
+  if ((opt_.report || opt_.tensorboard) && val_loader_)
+    on_root(comm_, "validation samples", [&] {
+      samples_ = std::make_shared<ValidationSamples>(
+          data_path_, Normalization{train_loader_->mean(), train_loader_->std()}, opt_.threshold);
+    });
   if (opt_.report)
-    on_root(comm_, "--report", [&] {
-      report_ = std::make_unique<TrainingReport>(
-          opt_, data_path_, val_loader_ != nullptr,
-          Normalization{train_loader_->mean(), train_loader_->std()});
+    on_root(comm_, "--report",
+            [&] { report_ = std::make_unique<TrainingReport>(opt_, data_path_, samples_); });
+  if (opt_.tensorboard)
+    on_root(comm_, "--tensorboard", [&] {
+      // After the checkpoint is chosen: events of later steps are dropped (a resumed run
+      // writes them again).
+      tensorboard_ =
+          std::make_unique<TensorBoardLog>(opt_.model_dir, state_.step, opt_.log_every, log_);
+      tensorboard_->config(state_.step,
+                           str_cat("dptrain on ", comm_.size(), " rank(s)\n", opt_.describe()));
+      log_.info("tensorboard: events in ", tensorboard_->path(),
+                " (watch with: tensorboard "
+                "--logdir ",
+                opt_.model_dir, ")");
     });
 }
 
@@ -546,6 +569,7 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
                        accumulation};
   const int64_t steps = start_step + plan.steps();
   progress_.start_epoch(epoch + 1, opt_.epochs, start_step, steps);
+  if (tensorboard_) tensorboard_->start_window();
   const float lr = float(epoch_lr(opt_, epoch, comm_.size()));
   const float logit_threshold = float(std::log(opt_.threshold / (1.0 - opt_.threshold)));
   const int64_t image_pixels = int64_t(height_) * width_;
@@ -642,6 +666,9 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
     if (opt_.check_sync_every > 0 && state_.step % opt_.check_sync_every == 0) check_sync();
     // Rank 0's running loss; the images are the step's real ones over all ranks.
     progress_.step(step, sums[0] / std::max(1.0, sums[1]), plan.step_samples(group));
+    if (tensorboard_)  // this step's loss on rank 0 (none if it was skipped)
+      tensorboard_->step(state_.step, sums[0] - step_sums[0], sums[1] - step_sums[1],
+                         plan.step_samples(group), lr);
     // Preemption after this step, unless it is the epoch's last: the epoch ends and its
     // checkpoint serves.
     if (micro < plan.micro_steps() && agreed.preempt) {
@@ -667,7 +694,9 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   const auto waiting = watch("epoch metric reduction");
   comm_.allreduce_sum(sums, 2);
   comm_.allreduce_sum(counts, 4);
-  return epoch_metrics(sums, counts);
+  EpochMetrics m = epoch_metrics(sums, counts);
+  m.allreduce_wait_ms = step > start_step ? 1e3 * reduce_wait / double(step - start_step) : 0.0;
+  return m;
 }
 
 void Trainer::check_sync() {
@@ -753,6 +782,29 @@ bool Trainer::save_epoch(const EpochMetrics& train, const EpochMetrics& valid, d
     checkpoints_->write_epoch(state_, due, best);
   }
   return due;
+}
+
+void Trainer::log_epoch_events(const EpochMetrics& train, const EpochMetrics& valid, bool validated,
+                               double seconds, double images_per_s, float lr) {
+  const int64_t step = state_.step;
+  tensorboard_->scalars(step, {{"epoch/train_loss", train.loss},
+                               {"epoch/lr", lr},
+                               {"epoch/seconds", seconds},
+                               {"epoch/images_per_s", images_per_s},
+                               {"epoch/allreduce_wait_ms", train.allreduce_wait_ms}});
+  if (!validated) return;
+  tensorboard_->scalars(step, {{"valid/loss", valid.loss},
+                               {"valid/iou", valid.iou},
+                               {"valid/dice", valid.dice},
+                               {"valid/precision", valid.precision},
+                               {"valid/recall", valid.recall}});
+  if (!samples_) return;
+  const std::vector<ValidationSamples::Prediction> predictions = samples_->predict(*model_);
+  for (size_t k = 0; k < predictions.size(); ++k) {
+    const data::Image strip = sample_strip(samples_->samples()[k], predictions[k]);
+    tensorboard_->image(step, str_cat("samples/", samples_->samples()[k].index),
+                        strip.pixels.data(), strip.width, strip.height, strip.channels);
+  }
 }
 
 void Trainer::stamp_state(float lr) {
@@ -879,10 +931,11 @@ int Trainer::run() {
           std::numeric_limits<double>::quiet_NaN();
     }
     const double seconds = seconds_since(t0) + carried;
+    const double images_per_s = double(train.samples) / train_seconds;
+    if (tensorboard_) log_epoch_events(train, valid, validating, seconds, images_per_s, lr);
     const bool saved = save_epoch(train, valid, seconds, lr);
     if (report_)  // rank 0; a report that cannot be written is a warning
-      report_->update(*model_, state_, lr, double(train.samples) / train_seconds, log_);
-    const double images_per_s = double(train.samples) / train_seconds;
+      report_->update(*model_, state_, lr, images_per_s, log_);
     if (comm_.rank() == 0) {  // a row that cannot be written is a warning
       try {
         // Opened at the first finished epoch (a failed start leaves no file); it keeps the rows

@@ -22,9 +22,11 @@
 
 namespace dp::app {
 
-class TrainingReport;  // train/report.hpp
-class Checkpoints;     // train/checkpoints.hpp
-class ModelDirLock;    // train/model_dir_lock.hpp
+class TrainingReport;     // train/report.hpp
+class TensorBoardLog;     // train/tensorboard.hpp
+class ValidationSamples;  // train/validation_samples.hpp
+class Checkpoints;        // train/checkpoints.hpp
+class ModelDirLock;       // train/model_dir_lock.hpp
 
 // The GPU a rank uses with --device cuda: its node-local rank modulo the visible GPUs (>= 1).
 // More ranks on the node than visible GPUs is a UsageError unless allow_sharing.
@@ -35,6 +37,7 @@ struct EpochMetrics {
   double iou = 0;                              // TP / (TP + FP + FN) over the whole split
   double dice = 0, precision = 0, recall = 0;  // likewise from the reduced counts
   int64_t samples = 0;
+  double allreduce_wait_ms = 0;  // training: per step, rank 0's wait after backward
   bool preempted = false;  // training only: stopped mid-epoch by a signal (checkpoint written)
 };
 
@@ -69,6 +72,10 @@ class Trainer {
   // Records the epoch; writes model_epoch_<N>.h5 if --save-every says so (returns whether it
   // did) and model_best.h5 if the epoch is the best; then --keep-last deletes older epoch files.
   bool save_epoch(const EpochMetrics& train, const EpochMetrics& valid, double seconds, float lr);
+  // --tensorboard (rank 0): the epoch's scalars and, when validated, the samples' predictions;
+  // written before the epoch's checkpoint, so a resume from it never repeats them.
+  void log_epoch_events(const EpochMetrics& train, const EpochMetrics& valid, bool validated,
+                        double seconds, double images_per_s, float lr);
   // Fills the configuration fields of state_ (model, sizes, world, options) before a save.
   void stamp_state(float lr);
   // What every rank learns at the end of each optimiser step, before its update, from one small
@@ -130,13 +137,15 @@ class Trainer {
   std::vector<uint64_t> dropout_seeds_;  // one per sample of a batch, sized once
   float pos_weight_ = 1.0f;
   int height_ = 0, width_ = 0;
-  CheckpointMeta state_;                          // epochs done, steps, best, history
-  std::unique_ptr<ModelDirLock> model_dir_lock_;  // rank 0: one dptrain per --model-dir
-  std::unique_ptr<Checkpoints> checkpoints_;      // starting state, writing, retention
-  std::unique_ptr<mpi::StallWatchdog> watchdog_;  // --stall-timeout
-  int skipped_steps_ = 0;                         // --skip-nonfinite-steps used in this run
-  std::unique_ptr<TrainingReport> report_;        // --report, rank 0 only
-  std::unique_ptr<MetricsCsv> metrics_csv_;       // rank 0 only
+  CheckpointMeta state_;                              // epochs done, steps, best, history
+  std::unique_ptr<ModelDirLock> model_dir_lock_;      // rank 0: one dptrain per --model-dir
+  std::unique_ptr<Checkpoints> checkpoints_;          // starting state, writing, retention
+  std::unique_ptr<mpi::StallWatchdog> watchdog_;      // --stall-timeout
+  int skipped_steps_ = 0;                             // --skip-nonfinite-steps used in this run
+  std::shared_ptr<const ValidationSamples> samples_;  // rank 0, for --report and --tensorboard
+  std::unique_ptr<TrainingReport> report_;            // --report, rank 0 only
+  std::unique_ptr<TensorBoardLog> tensorboard_;       // --tensorboard, rank 0 only
+  std::unique_ptr<MetricsCsv> metrics_csv_;           // rank 0 only
 };
 
 }  // namespace dp::app

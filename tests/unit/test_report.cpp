@@ -9,6 +9,9 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "dp/checkpoint.hpp"
 #include "test_util.hpp"
@@ -169,6 +172,37 @@ TEST(Report, ChartHasOnePointPerValueAndIsWellFormed) {
   EXPECT_NE(check_well_formed("<p><b>x</p></b>"), "");  // the checker can fail
   EXPECT_NE(check_well_formed("<p>a & b</p>"), "");
   EXPECT_NE(check_well_formed("<div><p>x</p>"), "");
+}
+
+// The y-axis labels of a chart, in order.
+std::vector<std::string> y_labels(const std::string& svg) {
+  std::vector<std::string> out;
+  const std::regex label("class=\"ylab\"[^>]*>([^<]*)<");
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), label); it != std::sregex_iterator();
+       ++it)
+    out.push_back((*it)[1]);
+  return out;
+}
+
+TEST(Report, RatioAxisIsZeroToOneAndAFlatZeroCurveStaysAboveZero) {
+  // Every IoU at 0 (a model that predicts no crack yet): the ratio axis spans 0..1, not -1..1.
+  const std::string iou = app::svg_line_chart("IoU", {{"iou", "IoU", "#f00", {0.0, 0.0, 0.0}}}, 3,
+                                              0, std::make_pair(0.0, 1.0));
+  EXPECT_EQ(y_labels(iou), (std::vector<std::string>{"0", "0.2", "0.4", "0.6", "0.8", "1"}));
+  // Values inside the range do not shrink it; a free axis of a flat 0 has no negative labels.
+  const std::string part = app::svg_line_chart("IoU", {{"iou", "IoU", "#f00", {0.3, 0.5}}}, 2, 0,
+                                               std::make_pair(0.0, 1.0));
+  EXPECT_EQ(y_labels(part).front(), "0");
+  EXPECT_EQ(y_labels(part).back(), "1");
+  const std::string flat = app::svg_line_chart("x", {{"x", "x", "#f00", {0.0, 0.0}}}, 2);
+  for (const std::string& l : y_labels(flat)) EXPECT_NE(l.front(), '-') << flat;
+}
+
+TEST(Report, SampleScoreSaysWhenIouIsUndefined) {
+  EXPECT_EQ(app::describe_sample_iou({0, 0, 0}), "no crack, none predicted");
+  EXPECT_EQ(app::describe_sample_iou({0, 5, 0}), "no crack, 5 px predicted");
+  EXPECT_EQ(app::describe_sample_iou({3, 1, 0}), "IoU 0.750");
+  EXPECT_EQ(app::describe_sample_iou({0, 0, 4}), "IoU 0.000");  // a missed crack is 0
 }
 
 class ReportRun : public ::testing::Test {
