@@ -43,13 +43,15 @@ TEST(Config, IniValuesWithTheCommandLineWinning) {
   test::TempDir dir;
   const std::string path = dir.file("run.ini");
   std::ofstream(path) << "# a comment\nlr = 0.125\nbatch-size = 3\noptimizer = adamw\n"
-                         "cache = true\nepochs = 7\n";
+                         "cache = true\nepochs = 7\ntensorboard = 1\n";
   const auto o = parse({"--config", path.c_str(), "--epochs", "9"});
   ASSERT_TRUE(o.has_value());
   EXPECT_EQ(o->lr, 0.125);
   EXPECT_EQ(o->batch_size, 3);
   EXPECT_EQ(o->optimizer, "adamw");
   EXPECT_TRUE(o->cache);
+  EXPECT_TRUE(o->tensorboard);  // the spelling: a switch as 1
+  EXPECT_FALSE(parse({})->tensorboard);
   EXPECT_EQ(o->epochs, 9);  // the command line overrides the file
   EXPECT_EQ(o->config, path);
   EXPECT_NE(o->describe().find("lr = 0.125\n"), std::string::npos);
