@@ -11,6 +11,7 @@ packages=(
   libprotobuf-dev protobuf-compiler
   libdnnl-dev ocl-icd-opencl-dev
   libgtest-dev
+  iproute2 util-linux  # ip, unshare, nsenter: the simulated cluster of tests/cluster
 )
 
 missing=()

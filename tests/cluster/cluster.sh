@@ -1,4 +1,5 @@
 # Simulated cluster on one machine (sourced by the tests/cluster scripts): N nodes as network + UTS namespaces on a private bridge.
+# shellcheck shell=bash
 #
 # Each node is a network namespace with its own hostname (a UTS namespace) and one veth link
 # (eth0, 10.254.20.<i>/24) to a bridge that lives in a namespace of its own (the "switch"), so the
@@ -139,6 +140,7 @@ link_down() {
 # The out-of-band keepalive (idle 5 s, then 3 probes 2 s apart; Open MPI's default is 300 s, 20 s
 # and 9) lets mpirun notice a node whose link is gone within about 11 s and end the job.
 cluster_mpirun() {
+  # shellcheck disable=SC2054  # tcp,self is one argument
   local flags=(--mca plm_rsh_agent "$CLUSTER_DIR/rsh-agent" --mca btl tcp,self --mca pml ob1
     --mca btl_tcp_if_include "$CLUSTER_SUBNET.0/24" --mca oob_tcp_if_include "$CLUSTER_SUBNET.0/24"
     --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3

@@ -19,7 +19,7 @@
 #              checkpoint.
 # Every namespace, link and process it makes is removed on exit (tests/cluster/cluster.sh), also
 # on failure, INT or TERM; the whole test fails (does not hang) after BUDGET_S.
-# shellcheck disable=SC2317  # functions run from traps
+# shellcheck disable=SC2317,SC2016,SC2054  # functions run from traps; check's eval strings; host lists
 set -uo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
