@@ -540,7 +540,9 @@ void Trainer::prepare_data() {
     }
     log_.info("no --data given: creating a synthetic crack dataset (", so.train_count, " train, ",
               so.val_count, " val, ", so.height, "x", so.width, ") at ", data_path_);
-    std::filesystem::create_directories(std::filesystem::path(data_path_).parent_path());
+    // A bare file name (--synth-cache demo.h5) is in the working directory: nothing to create.
+    if (const auto parent = std::filesystem::path(data_path_).parent_path(); !parent.empty())
+      std::filesystem::create_directories(parent);
     data::write_synthetic(data_path_, so);
   });
 }

@@ -170,5 +170,15 @@ TEST_F(Cli, TrainsCheckpointsResumesAndFinishes) {
     EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
 }
 
+// --synth-cache with a bare file name: the synthetic dataset goes to the working directory (it
+// used to fail with "cannot create directories: Invalid argument []").
+TEST_F(Cli, SyntheticCacheInTheWorkingDirectory) {
+  const auto r = test::run_command("cd " + dir_.path() + " && " +
+                                   dptrain(1, "--synth-cache synth.h5 --width-divisor 16 "
+                                              "--epochs 1 --max-steps 1 --model-dir run"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir_.file("synth.h5")));
+}
+
 }  // namespace
 }  // namespace dp
