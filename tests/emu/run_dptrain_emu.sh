@@ -4,14 +4,17 @@
 # then a resumed 3rd (the same losses as an uninterrupted --device cpu run), three variants (sync-BN
 # ResNet, deconv + AdamW, accumulation + small buckets + clipping; the CPU's losses), dppredict on
 # the checkpoint (the CPU's IoU and Dice), one rank out of device memory (one error line, no
-# hang), and one --precision bf16 epoch.
-# Usage: run_dptrain_emu.sh DPTRAIN_EMU DPPREDICT_EMU MPIRUN_SCRIPT
+# hang), and one --precision bf16 epoch. The first run also writes --report and --tensorboard.
+# Usage: run_dptrain_emu.sh DPTRAIN_EMU DPPREDICT_EMU MPIRUN_SCRIPT DPPREP
 set -euo pipefail
-dptrain=$1 dppredict=$2 mpirun=$3
+dptrain=$1 dppredict=$2 mpirun=$3 dpprep=$4
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export DP_EMU_DEVICES=2 DP_EMU_GRID_LIMIT=4 OMP_NUM_THREADS=1
-common=(--synth-cache "$tmp/synth.h5" --max-steps 6 --log-every 1000 --no-tf32)
+# The demo's synthetic cracks, fewer of them: 6 steps of 2 x 4 images an epoch, and a validation
+# split of 16 (the emulated convolutions are slow: the demo's 128 took half of each epoch).
+"$dpprep" synth --out "$tmp/synth.h5" --train 64 --val 16 >/dev/null
+common=(--data "$tmp/synth.h5" --width-divisor 8 --max-steps 6 --log-every 1000 --no-tf32)
 run() { bash "$mpirun" -np 2 -x DP_EMU_DEVICES -x DP_EMU_GRID_LIMIT -x OMP_NUM_THREADS "$@"; }
 check() {
   if ! eval "$1"; then
@@ -33,14 +36,20 @@ same_losses() {
                ($3 - $6) ^ 2 > (2e-4 + 1e-5 * $6) ^ 2) bad = 1 } END { exit bad }'
 }
 
-run "$dptrain" --device cuda --model-dir "$tmp/cuda" --epochs 2 "${common[@]}" >"$tmp/cuda.log" 2>&1 ||
-  { tail -n 30 "$tmp/cuda.log"; exit 1; }
-run "$dptrain" --device cuda --model-dir "$tmp/cuda" --epochs 3 "${common[@]}" >>"$tmp/cuda.log" 2>&1 ||
-  { tail -n 30 "$tmp/cuda.log"; exit 1; }
+# --report and --tensorboard: rank 0 predicts the validation samples through the device backend.
+outputs=(--report --tensorboard)
+run "$dptrain" --device cuda --model-dir "$tmp/cuda" --epochs 2 "${common[@]}" "${outputs[@]}" \
+  >"$tmp/cuda.log" 2>&1 || { tail -n 30 "$tmp/cuda.log"; exit 1; }
+run "$dptrain" --device cuda --model-dir "$tmp/cuda" --epochs 3 "${common[@]}" "${outputs[@]}" \
+  >>"$tmp/cuda.log" 2>&1 || { tail -n 30 "$tmp/cuda.log"; exit 1; }
 grep -E "^(device|dptrain|GPU memory|gradients|epoch)" "$tmp/cuda.log"
 check 'grep -q "GPU 1 of 2\|GPU 0 of 2" "$tmp/cuda.log"' "one emulated GPU per rank"
 check 'grep -q "ncclAllReduce" "$tmp/cuda.log"' "gradients through the NCCL reducer"
 check 'grep -q "resumed from epoch 2" "$tmp/cuda.log"' "the 3rd epoch resumed from the epoch-2 checkpoint"
+check '! grep -q "warning" "$tmp/cuda.log" && test -s "$tmp/cuda/report.html" &&
+  test "$(grep -c "^tensorboard: events in" "$tmp/cuda.log")" = 2 &&
+  test "$(grep -ao "samples/[0-9]*" "$tmp"/cuda/tb/events.out.tfevents.* | wc -l)" = 12' \
+  "--report and --tensorboard on the device: 4 sample strips in each of 3 epochs, no warning"
 
 run "$dptrain" --device cpu --model-dir "$tmp/cpu" --epochs 3 "${common[@]}" >"$tmp/cpu.log" 2>&1 ||
   { tail -n 30 "$tmp/cpu.log"; exit 1; }
@@ -62,7 +71,7 @@ while IFS= read -r opts; do
     "--device cuda $opts: the CPU's losses"
   rm -rf "$tmp/cuda-variant" "$tmp/cpu-variant"
 done <<'EOF'
---model unet_resnet34 --width-divisor 8 --sync-bn
+--model unet_resnet34 --sync-bn
 --deconv --optimizer adamw
 --accumulation-steps 2 --bucket-mb 0.05 --clip-grad-norm 1.0
 EOF
