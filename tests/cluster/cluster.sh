@@ -139,12 +139,14 @@ link_down() {
 
 # The out-of-band keepalive (idle 5 s, then 3 probes 2 s apart; Open MPI's default is 300 s, 20 s
 # and 9) lets mpirun notice a node whose link is gone within about 11 s and end the job.
+# --bind-to none (CLUSTER_BIND overrides): the nodes share this machine's cores, and Open MPI's
+# default binds each node's first rank to core 0, the same core on every node.
 cluster_mpirun() {
   # shellcheck disable=SC2054  # tcp,self is one argument
   local flags=(--mca plm_rsh_agent "$CLUSTER_DIR/rsh-agent" --mca btl tcp,self --mca pml ob1
     --mca btl_tcp_if_include "$CLUSTER_SUBNET.0/24" --mca oob_tcp_if_include "$CLUSTER_SUBNET.0/24"
     --mca oob_tcp_keepalive_time 5 --mca oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3
-    --bind-to none --oversubscribe)
+    --bind-to "${CLUSTER_BIND:-none}" --oversubscribe)
   [[ $(id -u) -eq 0 ]] && flags+=(--allow-run-as-root)
   on_node 1 mpirun "${flags[@]}" "$@"
 }
