@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "cudnn_conv.hpp"
 #include "dp/cuda/device.hpp"
@@ -389,6 +390,32 @@ class CudaBackendImpl final : public CudaBackend {
                              static_cast<double*>(dev));
     double loss = 0.0;
     staging_.fetch(dev, &loss, sizeof loss);
+    return loss;
+  }
+
+  double focal_with_logits(int64_t count, const float* logits, const float* target, float alpha,
+                           float gamma, float grad_scale, float* diff_logits) override {
+    if (count == 0) return 0.0;
+    void* dev = staging_.scratch(sizeof(double));
+    kernels::focal_with_logits(s(), count, logits, target, alpha, gamma, grad_scale, diff_logits,
+                               static_cast<double*>(dev));
+    double loss = 0.0;
+    staging_.fetch(dev, &loss, sizeof loss);
+    return loss;
+  }
+
+  double dice_with_logits(int images, int64_t pixels, const float* logits, const float* target,
+                          float smooth, float grad_scale, float* diff_logits,
+                          bool accumulate) override {
+    if (images == 0 || pixels == 0) return 0.0;
+    std::vector<double> sums(2 * size_t(images));
+    void* dev = staging_.scratch(sizeof(double) * sums.size());
+    kernels::dice_with_logits(s(), images, pixels, logits, target, smooth, grad_scale, diff_logits,
+                              accumulate, static_cast<double*>(dev));
+    staging_.fetch(dev, sums.data(), sizeof(double) * sums.size());
+    double loss = 0.0;
+    for (int i = 0; i < images; ++i)
+      loss += 1.0 - (2.0 * sums[2 * size_t(i)] + smooth) / (sums[2 * size_t(i) + 1] + smooth);
     return loss;
   }
 

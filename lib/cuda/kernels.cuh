@@ -112,6 +112,15 @@ void concat_backward(cudaStream_t s, const Shape& a_dims, const Shape& b_dims, c
 // *loss_sum = sum of the per-element losses (double, overwritten); diff as dp::Backend.
 void bce_with_logits(cudaStream_t s, int64_t count, const float* logits, const float* target,
                      float pos_weight, float grad_scale, float* diff_logits, double* loss_sum);
+// *loss_sum = sum of the focal losses (double, overwritten); diff as dp::Backend.
+void focal_with_logits(cudaStream_t s, int64_t count, const float* logits, const float* target,
+                       float alpha, float gamma, float grad_scale, float* diff_logits,
+                       double* loss_sum);
+// Per image: sums[2i] = sum(p t), sums[2i + 1] = sum(p) + sum(t) (double, overwritten); then
+// diff_logits written or (accumulate) added as dp::Backend::dice_with_logits.
+void dice_with_logits(cudaStream_t s, int images, int64_t pixels, const float* logits,
+                      const float* target, float smooth, float grad_scale, float* diff_logits,
+                      bool accumulate, double* sums);
 // counts[0..2] += tp, fp, fn.
 void confusion_counts(cudaStream_t s, int64_t count, const float* logits, const float* target,
                       float logit_threshold, unsigned long long* counts);

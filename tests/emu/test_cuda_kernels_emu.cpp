@@ -11,12 +11,14 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bf16_util.hpp"
 #include "cuda_emu.hpp"
 #include "dp/backend.hpp"
 #include "dp/cuda/device.hpp"
+#include "dp/error.hpp"
 #include "kernels.cuh"
 #include "tensor_util.hpp"
 
@@ -471,6 +473,31 @@ TEST(EmulatedKernelsFp32, LossMetricsOptimisersFilters) {
           cpu->bce_with_logits(int64_t(n), logits.data(), target.data(), 3.0f, 0.01f, wdx.data());
       EXPECT_NEAR(loss, wloss, kSumTol * std::fabs(wloss)) << "bce loss" << at;
       expect_stored<float>("bce diff" + at, dx.values(), wdx);
+    }
+    for (const auto& [alpha, gamma] : {std::pair{0.25f, 2.0f}, {-1.0f, 1.5f}}) {
+      Tensor<float> x(logits, 0), y(target, 0), dx(Vec(n, kUnwritten), 0);
+      double loss = kUnwritten;
+      k::focal_with_logits(kStream, int64_t(n), x.data(), y.data(), alpha, gamma, 0.01f, dx.data(),
+                           &loss);
+      Vec wdx(n);
+      const double wloss = cpu->focal_with_logits(int64_t(n), logits.data(), target.data(), alpha,
+                                                  gamma, 0.01f, wdx.data());
+      EXPECT_NEAR(loss, wloss, kSumTol * std::fabs(wloss)) << "focal loss" << at;
+      expect_stored<float>("focal diff" + at, dx.values(), wdx);
+    }
+    for (const bool accumulate : {false, true}) {  // 4 images of 250 pixels
+      Tensor<float> x(logits, 0), y(target, 0), dx(grad, 0);
+      std::vector<double> sums(8, kUnwritten);
+      k::dice_with_logits(kStream, 4, int64_t(n) / 4, x.data(), y.data(), 1.0f, 0.25f, dx.data(),
+                          accumulate, sums.data());
+      Vec wdx = grad;
+      const double wloss = cpu->dice_with_logits(4, int64_t(n) / 4, logits.data(), target.data(),
+                                                 1.0f, 0.25f, wdx.data(), accumulate);
+      double loss = 0;
+      for (size_t i = 0; i < 4; ++i) loss += 1 - (2 * sums[2 * i] + 1) / (sums[2 * i + 1] + 1);
+      EXPECT_NEAR(loss, wloss, kSumTol * std::fabs(wloss)) << "dice loss" << at;
+      expect_stored<float>(str_cat("dice diff", accumulate ? " accumulated" : "", at), dx.values(),
+                           wdx);
     }
     {
       Tensor<float> x(logits, 0), y(target, 0);

@@ -749,6 +749,35 @@ TEST_F(CudaVsCpu, BceWithLogits) {
   }
 }
 
+TEST_F(CudaVsCpu, FocalAndDiceWithLogits) {
+  const size_t n = 4 * 16411;  // 4 images
+  const Vec x = logits_with_extremes(n, 1111), t = binary_target(n, 1112, 0.1f);
+  struct Out {
+    double loss;
+    Vec diff;
+  };
+  auto focal = [&](Backend& be) {
+    Buffer lx = to_backend(be, x), lt = to_backend(be, t), diff = filled(be, n, kGarbage);
+    const double loss = be.focal_with_logits(int64_t(n), lx.f32(), lt.f32(), 0.25f, 2.0f,
+                                             1.0f / float(n), diff.f32());
+    return Out{loss, to_host(diff)};
+  };
+  Out c = focal(*cpu_), g = focal(*gpu_);
+  expect_close("focal loss (sum)", std::vector<double>{c.loss}, std::vector<double>{g.loss},
+               kLibmTol);
+  expect_close("focal diff_logits", c.diff, g.diff, kLibmTol);
+  auto dice = [&](Backend& be) {  // added to a gradient already there (bce+dice)
+    Buffer lx = to_backend(be, x), lt = to_backend(be, t), diff = to_backend(be, x);
+    const double loss =
+        be.dice_with_logits(4, int64_t(n) / 4, lx.f32(), lt.f32(), 1.0f, 0.25f, diff.f32(), true);
+    return Out{loss, to_host(diff)};
+  };
+  c = dice(*cpu_), g = dice(*gpu_);
+  expect_close("dice loss (sum)", std::vector<double>{c.loss}, std::vector<double>{g.loss},
+               kLibmTol);
+  expect_close("dice diff_logits (accumulated)", c.diff, g.diff, kLibmTol);
+}
+
 TEST_F(CudaVsCpu, ConfusionCountsAdd) {
   const size_t n = 100003;
   Vec x = random_vec(n, 1201, -3.0f, 3.0f);

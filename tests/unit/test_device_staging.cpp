@@ -148,6 +148,16 @@ class SimulatedDeviceBackend : public Backend {
                          float grad_scale, float* diff_logits) override {
     return inner_->bce_with_logits(count, logits, target, pos_weight, grad_scale, diff_logits);
   }
+  double focal_with_logits(int64_t count, const float* logits, const float* target, float alpha,
+                           float gamma, float grad_scale, float* diff_logits) override {
+    return inner_->focal_with_logits(count, logits, target, alpha, gamma, grad_scale, diff_logits);
+  }
+  double dice_with_logits(int images, int64_t pixels, const float* logits, const float* target,
+                          float smooth, float grad_scale, float* diff_logits,
+                          bool accumulate) override {
+    return inner_->dice_with_logits(images, pixels, logits, target, smooth, grad_scale, diff_logits,
+                                    accumulate);
+  }
   void confusion_counts(int64_t count, const float* logits, const float* target,
                         float logit_threshold, int64_t* counts) override {
     inner_->confusion_counts(count, logits, target, logit_threshold, counts);

@@ -165,5 +165,39 @@ TEST_F(GoldenLayers, BceWithLogitsMean) {
   }
 }
 
+// --loss dice, bce+dice and focal against PyTorch (tests/golden/losses.h5): the mean loss (dice
+// per image, the others per pixel) and its gradient, computed as the trainer computes them.
+TEST(GoldenLosses, DiceBceDiceAndFocal) {
+  const std::unique_ptr<Backend> be = make_cpu_backend();
+  const Golden g{std::string(DP_GOLDEN_DIR) + "/losses.h5"};
+  for (const char* name : {"dice", "dice_smooth0", "bce_dice", "focal", "focal_noalpha"}) {
+    const std::string c = name;
+    const Vec x = g.read(c + "/x"), t = g.read(c + "/target");
+    const int images = int(g.attr_int(c, "images"));
+    const int64_t n = int64_t(x.size()), pixels = n / images;
+    Vec dx(x.size());
+    double loss = 0;
+    if (c == "focal" || c == "focal_noalpha") {
+      loss = be->focal_with_logits(n, x.data(), t.data(), float(g.attr_double(c, "alpha")),
+                                   float(g.attr_double(c, "gamma")), 1.0f / float(n), dx.data()) /
+             double(n);
+    } else {
+      const bool with_bce = c == "bce_dice";
+      if (with_bce)
+        loss = be->bce_with_logits(n, x.data(), t.data(), float(g.attr_double(c, "pos_weight")),
+                                   1.0f / float(n), dx.data()) /
+               double(n);
+      loss += be->dice_with_logits(images, pixels, x.data(), t.data(),
+                                   float(g.attr_double(c, "smooth")), 1.0f / float(images),
+                                   dx.data(), with_bce) /
+              double(images);
+    }
+    const double want = g.attr_double(c, "loss");
+    std::printf("[golden] %-28s loss %.8f vs %.8f\n", name, loss, want);
+    EXPECT_NEAR(loss, want, 1e-6 * std::fabs(want)) << name;
+    g.expect_close(c + "/dx", dx);
+  }
+}
+
 }  // namespace
 }  // namespace dp

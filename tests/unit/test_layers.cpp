@@ -3,9 +3,12 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "dp/backend.hpp"
+#include "dp/error.hpp"
 #include "dp/rng.hpp"
 #include "test_util.hpp"
 
@@ -284,6 +287,84 @@ TEST_F(LayersTest, BceWithLogitsValueAndGradient) {
     const double l = be->bce_with_logits(2, big.data(), tb.data(), pos_weight, 1.0f, gb.data());
     EXPECT_TRUE(std::isfinite(l));
     EXPECT_NEAR(l, 100.0 + pos_weight * 100.0, 1e-3);
+  }
+}
+
+TEST_F(LayersTest, FocalWithLogitsValueAndGradient) {
+  Vec x = random_vec(500, 15, -8.0f, 8.0f);
+  Vec t(x.size());
+  Rng rng(4);
+  for (auto& v : t) v = rng.uniform() < 0.3f ? 1.0f : 0.0f;
+  for (const auto& [alpha, gamma] : {std::pair{0.25f, 2.0f}, {-1.0f, 0.0f}, {0.7f, 1.5f}}) {
+    const std::string name = str_cat("focal alpha ", alpha, " gamma ", gamma);
+    Vec g(x.size());
+    const double sum =
+        be->focal_with_logits(int64_t(x.size()), x.data(), t.data(), alpha, gamma, 1.0f, g.data());
+    // Reference in double: -a_t (1 - p_t)^gamma log(p_t).
+    double ref = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double p = 1.0 / (1.0 + std::exp(-double(x[i])));
+      const double pt = t[i] > 0.5f ? p : 1 - p;
+      const double at = alpha < 0 ? 1.0 : t[i] > 0.5f ? alpha : 1 - alpha;
+      ref -= at * std::pow(1 - pt, gamma) * std::log(pt);
+    }
+    EXPECT_NEAR(sum, ref, 1e-5 * std::fabs(ref)) << name;
+    check_gradient(
+        name, x, g,
+        [&](const Vec& xx) {
+          Vec scratch(xx.size());
+          return be->focal_with_logits(int64_t(xx.size()), xx.data(), t.data(), alpha, gamma, 1.0f,
+                                       scratch.data());
+        },
+        1e-3f);
+  }
+  // gamma 0 without alpha is BCE.
+  Vec gf(x.size()), gb(x.size());
+  const double focal =
+      be->focal_with_logits(int64_t(x.size()), x.data(), t.data(), -1.0f, 0.0f, 0.5f, gf.data());
+  const double bce =
+      be->bce_with_logits(int64_t(x.size()), x.data(), t.data(), 1.0f, 0.5f, gb.data());
+  EXPECT_NEAR(focal, bce, 1e-9 * bce);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(gf[i], gb[i], 1e-6f) << i;
+}
+
+TEST_F(LayersTest, DiceWithLogitsValueAndGradient) {
+  // 3 images of 40 pixels: cracks in two, none in the third (its Dice is smooth / (sum p +
+  // smooth)).
+  constexpr int kImages = 3;
+  constexpr int64_t kPixels = 40;
+  Vec x = random_vec(size_t(kImages * kPixels), 16, -4.0f, 4.0f);
+  Vec t(x.size(), 0.0f);
+  Rng rng(5);
+  for (size_t i = 0; i < size_t(2 * kPixels); ++i) t[i] = rng.uniform() < 0.3f ? 1.0f : 0.0f;
+  for (const float smooth : {1.0f, 0.0f}) {
+    Vec g(x.size());
+    const double sum =
+        be->dice_with_logits(kImages, kPixels, x.data(), t.data(), smooth, 1.0f, g.data(), false);
+    double ref = 0;
+    for (int img = 0; img < kImages; ++img) {
+      double inter = 0, card = 0;
+      for (int64_t j = 0; j < kPixels; ++j) {
+        const size_t i = size_t(img * kPixels + j);
+        const double p = 1.0 / (1.0 + std::exp(-double(x[i])));
+        inter += p * t[i];
+        card += p + t[i];
+      }
+      ref += 1 - (2 * inter + smooth) / (card + smooth);
+    }
+    EXPECT_NEAR(sum, ref, 1e-6) << "smooth " << smooth;
+    check_gradient(
+        str_cat("dice smooth ", smooth), x, g,
+        [&](const Vec& xx) {
+          Vec scratch(xx.size());
+          return be->dice_with_logits(kImages, kPixels, xx.data(), t.data(), smooth, 1.0f,
+                                      scratch.data(), false);
+        },
+        1e-3f);
+    // accumulate adds to what is there (a BCE gradient written first).
+    Vec acc(x.size(), 0.25f);
+    be->dice_with_logits(kImages, kPixels, x.data(), t.data(), smooth, 1.0f, acc.data(), true);
+    for (size_t i = 0; i < x.size(); ++i) EXPECT_NEAR(acc[i], g[i] + 0.25f, 1e-6f) << i;
   }
 }
 

@@ -150,6 +150,47 @@ def layer_goldens(path):
                        dx=nhwc(dx))
 
 
+def dice_loss(x, t, smooth):
+    """Soft Dice per image, averaged over the images (dptrain --loss dice)."""
+    p = torch.sigmoid(x)
+    inter = (p * t).sum(dim=(1, 2, 3))
+    card = p.sum(dim=(1, 2, 3)) + t.sum(dim=(1, 2, 3))
+    return (1 - (2 * inter + smooth) / (card + smooth)).mean()
+
+
+def focal_loss(x, t, alpha, gamma):
+    """torchvision.ops.sigmoid_focal_loss(reduction="mean"), written out (dptrain --loss focal)."""
+    p = torch.sigmoid(x)
+    ce = F.binary_cross_entropy_with_logits(x, t, reduction="none")
+    p_t = p * t + (1 - p) * (1 - t)
+    loss = ce * (1 - p_t) ** gamma
+    if alpha >= 0:
+        loss = (alpha * t + (1 - alpha) * (1 - t)) * loss
+    return loss.mean()
+
+
+def loss_goldens(path):
+    """--loss bce+dice, dice and focal: value and gradient on 3 images (one without cracks)."""
+    torch.manual_seed(2468)
+    with h5py.File(path, "w", libver="latest") as f:
+        f.attrs["format"] = FORMAT
+        x = rand(3, 1, 8, 6, lo=-5.0, hi=5.0)
+        t = (torch.rand(3, 1, 8, 6) < 0.25).to(torch.float64)
+        t[2] = 0  # an image without cracks
+        cases = [("dice", dict(smooth=1.0), lambda: dice_loss(x, t, 1.0)),
+                 ("dice_smooth0", dict(smooth=0.0), lambda: dice_loss(x[:2], t[:2], 0.0)),
+                 ("bce_dice", dict(pos_weight=2.5, smooth=1.0), lambda: F.binary_cross_entropy_with_logits(
+                     x, t, pos_weight=torch.tensor([2.5], dtype=torch.float64)) + dice_loss(x, t, 1.0)),
+                 ("focal", dict(alpha=0.25, gamma=2.0), lambda: focal_loss(x, t, 0.25, 2.0)),
+                 ("focal_noalpha", dict(alpha=-1.0, gamma=1.5), lambda: focal_loss(x, t, -1.0, 1.5))]
+        for name, attrs, fn in cases:
+            loss = fn()
+            (dx,) = torch.autograd.grad(loss, [x])
+            images = 2 if name == "dice_smooth0" else 3
+            write_case(f, name, dict(attrs, loss=float(loss), images=images), x=nhwc(x[:images]),
+                       target=nhwc(t[:images]), dx=nhwc(dx[:images]))
+
+
 def canonical_tensors(model, kind):
     """state_dict entries of `kind` ('param' or 'buffer'), one name per tensor: the reference lists
     shared encoder layers twice (encoder.* and conv*.*); dptrain's name is the non-encoder one."""
@@ -242,9 +283,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "..", "tests", "golden"))
+    ap.add_argument("--only", choices=["losses"], help="write only this file (losses.h5)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(1)
+    loss_goldens(os.path.join(args.out, "losses.h5"))
+    print(f"losses.h5: {os.path.getsize(os.path.join(args.out, 'losses.h5')) / 1024:.0f} KiB")
+    if args.only:
+        return
     layer_goldens(os.path.join(args.out, "layers.h5"))
     for name, n, size, deconv, split, bf16 in [("unet16", 2, 32, False, False, False),
                                                ("unet16", 2, 32, True, False, False),

@@ -168,6 +168,19 @@ class Backend {
   // per-element losses (double); writes diff_logits = d(loss_sum)/d(logit) * grad_scale.
   virtual double bce_with_logits(int64_t count, const float* logits, const float* target,
                                  float pos_weight, float grad_scale, float* diff_logits) = 0;
+  // Focal loss with logits (Lin et al. 2017; torchvision's sigmoid_focal_loss) for 0/1 targets:
+  // per element a_t (1 - p_t)^gamma * BCE, p_t = sigmoid(+-logit), a_t = alpha for a crack pixel
+  // and 1 - alpha for background (alpha < 0: a_t = 1). Returns the SUM of the per-element losses;
+  // writes diff_logits = d(loss_sum)/d(logit) * grad_scale.
+  virtual double focal_with_logits(int64_t count, const float* logits, const float* target,
+                                   float alpha, float gamma, float grad_scale,
+                                   float* diff_logits) = 0;
+  // Soft Dice loss per image: `images` images of `pixels` elements each; image i's loss is
+  // 1 - (2 sum(p t) + smooth) / (sum p + sum t + smooth), p = sigmoid(logit). Returns the SUM over
+  // the images; writes (accumulate: adds to) diff_logits d(loss_sum)/d(logit) * grad_scale.
+  virtual double dice_with_logits(int images, int64_t pixels, const float* logits,
+                                  const float* target, float smooth, float grad_scale,
+                                  float* diff_logits, bool accumulate) = 0;
   // Adds to counts[0..2] (host) the true positives, false positives and false negatives of
   // (logit > logit_threshold) against target (0/1).
   virtual void confusion_counts(int64_t count, const float* logits, const float* target,
