@@ -243,6 +243,20 @@ void parse_resize(const std::string& text, int& width, int& height) {
   }
 }
 
+// "HxW" for `option` (--tile, --pad-to) -> height, width.
+void parse_hw(const std::string& text, const char* option, int& height, int& width) {
+  const size_t x = text.find('x');
+  if (x == std::string::npos) {
+    throw UsageError(dp::str_cat("invalid ", option, " '", text, "', expected HxW (e.g. 256x256)"));
+  }
+  height = parse_number<int>(text.substr(0, x), option);
+  width = parse_number<int>(text.substr(x + 1), option);
+  if (height < 1 || width < 1 || height > kMaxSide || width > kMaxSide) {
+    throw UsageError(
+        dp::str_cat("invalid ", option, " '", text, "': each side must be in [1, ", kMaxSide, "]"));
+  }
+}
+
 std::string percent(int64_t part, int64_t whole) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(1)
@@ -258,7 +272,7 @@ std::string triple(const std::array<double, 3>& v) {
 
 int run_build(const std::vector<std::string>& args) {
   dp::data::BuildOptions opt;
-  std::string resize, seed = "1";
+  std::string resize, tile, pad_to, seed = "1";
   po::options_description desc("Options");
   desc.add_options()("help,h", "show this help")(
       "images", po::value<std::string>(&opt.images)->required(), "folder of images")(
@@ -275,8 +289,22 @@ int run_build(const std::vector<std::string>& args) {
       "a mask pixel > T is a crack")(
       "resize", po::value<std::string>(&resize),
       "resize every pair to WxH (bilinear images, nearest masks); otherwise all images must "
-      "share one size")("skip-unpaired", po::bool_switch(&opt.skip_unpaired),
-                        "skip images without masks and masks without images (counted)")(
+      "share one size")(
+      "tile", po::value<std::string>(&tile),
+      "cut every image (any size, at least the tile) and its mask into HxW tiles; the split "
+      "stays by source image")(
+      "stride", po::value<int>(&opt.tile_stride),
+      "step between tiles in px (default: the tile's sides, no overlap); a last row and column "
+      "of tiles is flush with the bottom and right edges")(
+      "min-crack-fraction", po::value<double>(&opt.min_crack_fraction),
+      "drop tiles whose fraction of crack pixels is below F (default 0: keep all)")(
+      "keep-below", po::value<double>(&opt.keep_below),
+      "keep this fraction (0-1, drawn from the seed) of the tiles below --min-crack-fraction, "
+      "so training still sees background (default 0)")(
+      "pad-to", po::value<std::string>(&pad_to),
+      "pad every image at the bottom and right with zeros (its mask with background) to HxW; "
+      "no image may be larger")("skip-unpaired", po::bool_switch(&opt.skip_unpaired),
+                                "skip images without masks and masks without images (counted)")(
       "gzip", po::value<int>(&opt.gzip_level)->default_value(opt.gzip_level),
       "gzip level of the chunks, 0-9 (0: none; the fastest to read)");
   po::variables_map vm;
@@ -303,6 +331,23 @@ int run_build(const std::vector<std::string>& args) {
     throw UsageError(dp::str_cat("--gzip must be in [0, 9], got ", opt.gzip_level));
   }
   if (!resize.empty()) parse_resize(resize, opt.resize_width, opt.resize_height);
+  if (!tile.empty()) parse_hw(tile, "--tile", opt.tile_height, opt.tile_width);
+  if (!pad_to.empty()) parse_hw(pad_to, "--pad-to", opt.pad_height, opt.pad_width);
+  if (int(!resize.empty()) + int(!tile.empty()) + int(!pad_to.empty()) > 1) {
+    throw UsageError("give at most one of --resize, --tile and --pad-to");
+  }
+  if (tile.empty() &&
+      (vm.count("stride") || vm.count("min-crack-fraction") || vm.count("keep-below"))) {
+    throw UsageError("--stride, --min-crack-fraction and --keep-below need --tile HxW");
+  }
+  if (vm.count("stride") && (opt.tile_stride < 1 || opt.tile_stride > kMaxSide)) {
+    throw UsageError(dp::str_cat("--stride must be in [1, ", kMaxSide, "], got ", opt.tile_stride));
+  }
+  if (opt.min_crack_fraction < 0 || opt.min_crack_fraction > 1 || opt.keep_below < 0 ||
+      opt.keep_below > 1) {
+    throw UsageError(dp::str_cat("--min-crack-fraction and --keep-below must be in [0, 1], got ",
+                                 opt.min_crack_fraction, " and ", opt.keep_below));
+  }
   opt.seed = parse_number<uint64_t>(seed, "--seed");
 
   catch_interrupts();
@@ -313,9 +358,14 @@ int run_build(const std::vector<std::string>& args) {
   std::cout << kProgram << ": wrote " << opt.out << ": train " << r.train << " ("
             << r.train_with_cracks << " with cracks), val " << r.val << " (" << r.val_with_cracks
             << " with cracks), " << r.width << "x" << r.height << " (WxH)"
-            << (r.resized ? " resized" : "") << ", pos_weight " << r.pos_weight << "\n"
+            << (r.resized ? " resized" : "") << (r.padded ? " padded" : "") << ", pos_weight "
+            << r.pos_weight << "\n"
             << kProgram << ": train mean " << triple(r.mean) << ", std " << triple(r.std)
             << " (RGB)\n";
+  if (r.tiled) {
+    std::cout << kProgram << ": " << r.train + r.val << " tiles from " << r.sources << " image(s); "
+              << r.tiles_dropped << " below --min-crack-fraction dropped\n";
+  }
   if (r.skipped_images + r.skipped_masks > 0) {
     std::cout << kProgram << ": skipped " << r.skipped_images << " image(s) without a mask and "
               << r.skipped_masks << " mask(s) without an image\n";

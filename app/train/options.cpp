@@ -22,6 +22,8 @@ std::string TrainOptions::describe() const {
      << "workers = " << workers << "\n"
      << "augment = " << augment << "\n"
      << "normalize = " << normalize << "\n"
+     << "random_crop = " << random_crop << "\n"
+     << "scale_jitter = " << scale_jitter << "\n"
      << "cache = " << cache << "\n"
      << "drop_last = " << drop_last << "\n"
      << "model = " << model << "\n"
@@ -136,6 +138,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "images, brightness/contrast jitter)")(
       "normalize", po::value(&o.normalize)->default_value(o.normalize),
       "input normalisation: imagenet (mean/std) or dataset (the file's own mean/std)")(
+      "random-crop", po::value(&o.random_crop),
+      "train on HxW crops at positions drawn from (seed, epoch, sample); validation on the "
+      "centred HxW crop")("scale-jitter", po::value(&o.scale_jitter),
+                          "scale the training crops by a factor uniform in LO-HI (e.g. 0.8-1.2)")(
       "cache", po::bool_switch(&o.cache),
       "keep each rank's shard in memory after the first epoch (shards are then fixed; the order "
       "within a shard is reshuffled every epoch)")(
@@ -308,6 +314,12 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
           "--augment must be none, flips or full, got '", o.augment, "'");
   require(data::normalize_from_name(o.normalize).has_value(),
           "--normalize must be imagenet or dataset, got '", o.normalize, "'");
+  try {  // --random-crop and --scale-jitter (parsed by the data library)
+    data::LoaderOptions crop;
+    data::parse_crop(o.random_crop, o.scale_jitter, crop);
+  } catch (const Error& e) {
+    require(false, e.what());
+  }
   require(o.epochs >= 1, "--epochs must be at least 1, got ", o.epochs);
   require(o.lr > 0, "--lr must be positive, got ", o.lr);
   require(o.momentum >= 0 && o.momentum < 1, "--momentum must be in [0, 1), got ", o.momentum);

@@ -28,6 +28,8 @@ struct TrainOptions {
   int workers = 1;                     // loader threads per rank
   std::string augment = "full";        // none | flips | full (training split only)
   std::string normalize = "imagenet";  // imagenet | dataset (the file's mean/std attributes)
+  std::string random_crop;             // HxW training crops ("": none; validation: centred)
+  std::string scale_jitter;            // LO-HI scale factors of the crops ("": none)
   bool cache = false;      // keep the rank's (fixed) shard in memory after the first epoch
   bool drop_last = false;  // no padding; the last partial batch of each rank is skipped
   // model

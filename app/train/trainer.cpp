@@ -405,9 +405,10 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     lo.augment = *data::augment_from_name(opt_.augment);
     lo.normalize = *data::normalize_from_name(opt_.normalize);
     lo.cache = opt_.cache;
+    data::parse_crop(opt_.random_crop, opt_.scale_jitter, lo);  // data path: crops
     train_loader_ = std::make_unique<data::Loader>(data_path_, "train", lo);
     check_train_size();
-    lo.augment = data::Augment::kNone;
+    lo = data::validation_options(lo);  // data path: no augmentation, centred crop
     if (data::Dataset::has_split(data_path_, "val"))
       val_loader_ = std::make_unique<data::Loader>(data_path_, "val", lo);
     height_ = train_loader_->height();

@@ -1,6 +1,7 @@
 // Dataset format v1 (HDF5): validating reader of one split and the atomic (temp + rename) writer.
 #include "dp/dataset.hpp"
 
+#include <hdf5.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -34,6 +35,49 @@ std::string images_path(const std::string& split) {
 }
 std::string masks_path(const std::string& split) {
   return split + "/masks";
+}
+
+std::string source_path(const std::string& split) {
+  return split + "/source";
+}
+std::string origin_path(const std::string& split) {
+  return split + "/origin";
+}
+constexpr int kOriginRank = 2;  // /<split>/origin is [N, 2]: y, x
+
+// An hid_t from an HDF5 call, checked and owned.
+h5::Id owned(hid_t id, const char* what) {
+  h5::check(id, what, __FILE__, __LINE__);
+  return h5::Id(id);
+}
+
+// Writes /<split>/source (variable-length UTF-8 strings [N]) and /<split>/origin (int32 [N,2]).
+void write_sources(const h5::File& file, const std::string& split,
+                   const std::vector<SampleSource>& sources) {
+  std::lock_guard<std::recursive_mutex> lock(h5::mutex());
+  const auto n = static_cast<hsize_t>(sources.size());
+  std::vector<const char*> names(sources.size());
+  std::vector<int32_t> origin(sources.size() * kOriginRank);
+  for (size_t i = 0; i < sources.size(); ++i) {
+    names[i] = sources[i].name.c_str();
+    origin[i * kOriginRank] = sources[i].y;
+    origin[i * kOriginRank + 1] = sources[i].x;
+  }
+  const h5::Id type = owned(H5Tcopy(H5T_C_S1), "H5Tcopy");
+  DP_H5_CHECK(H5Tset_size(type.get(), H5T_VARIABLE));
+  DP_H5_CHECK(H5Tset_cset(type.get(), H5T_CSET_UTF8));
+  const h5::Id space = owned(H5Screate_simple(1, &n, nullptr), "H5Screate_simple");
+  const h5::Id names_ds = owned(H5Dcreate2(file.id(), source_path(split).c_str(), type.get(),
+                                           space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                                "H5Dcreate2 source");
+  DP_H5_CHECK(H5Dwrite(names_ds.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, names.data()));
+  const hsize_t dims[kOriginRank] = {n, kOriginRank};
+  const h5::Id space2 = owned(H5Screate_simple(kOriginRank, dims, nullptr), "H5Screate_simple");
+  const h5::Id origin_ds = owned(H5Dcreate2(file.id(), origin_path(split).c_str(), H5T_STD_I32LE,
+                                            space2.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                                 "H5Dcreate2 origin");
+  DP_H5_CHECK(
+      H5Dwrite(origin_ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, origin.data()));
 }
 
 std::string shape_str(const std::vector<int64_t>& shape) {
@@ -151,6 +195,48 @@ void Dataset::read_mask(int64_t index, uint8_t* mask) const {
   check_mask(mask, static_cast<int64_t>(height_) * width_, masks_->name(), index);
 }
 
+std::vector<SampleSource> Dataset::read_sources() const {
+  std::vector<SampleSource> sources;
+  if (!file_->exists(source_path(split_))) return sources;
+  const std::string where = str_cat("'", path_, "': dataset '/", source_path(split_), "'");
+  DP_CHECK(file_->exists(origin_path(split_)), where, " has no companion '/", origin_path(split_),
+           "'");
+  std::lock_guard<std::recursive_mutex> lock(h5::mutex());
+  const h5::Id names_ds =
+      owned(H5Dopen2(file_->id(), source_path(split_).c_str(), H5P_DEFAULT), "H5Dopen2 source");
+  const h5::Id origin_ds =
+      owned(H5Dopen2(file_->id(), origin_path(split_).c_str(), H5P_DEFAULT), "H5Dopen2 origin");
+  const h5::Id file_type = owned(H5Dget_type(names_ds.get()), "H5Dget_type");
+  DP_CHECK(H5Tget_class(file_type.get()) == H5T_STRING && H5Tis_variable_str(file_type.get()) > 0,
+           where, " is not of variable-length strings");
+  const h5::Id space = owned(H5Dget_space(names_ds.get()), "H5Dget_space");
+  const h5::Id space2 = owned(H5Dget_space(origin_ds.get()), "H5Dget_space");
+  hsize_t n = 0, dims[kOriginRank] = {};
+  DP_CHECK(H5Sget_simple_extent_ndims(space.get()) == 1 &&
+               H5Sget_simple_extent_dims(space.get(), &n, nullptr) == 1 &&
+               n == static_cast<hsize_t>(size_),
+           where, " must have shape [", size_, "]");
+  DP_CHECK(H5Sget_simple_extent_ndims(space2.get()) == kOriginRank &&
+               H5Sget_simple_extent_dims(space2.get(), dims, nullptr) == kOriginRank &&
+               dims[0] == n && dims[1] == kOriginRank,
+           "'", path_, "': dataset '/", origin_path(split_), "' must have shape [", size_, ",2]");
+  const h5::Id mem_type = owned(H5Tcopy(H5T_C_S1), "H5Tcopy");
+  DP_H5_CHECK(H5Tset_size(mem_type.get(), H5T_VARIABLE));
+  DP_H5_CHECK(H5Tset_cset(mem_type.get(), H5Tget_cset(file_type.get())));
+  std::vector<char*> names(n, nullptr);
+  DP_H5_CHECK(H5Dread(names_ds.get(), mem_type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, names.data()));
+  std::vector<int32_t> origin(n * kOriginRank);
+  const herr_t read_origin =
+      H5Dread(origin_ds.get(), H5T_NATIVE_INT32, H5S_ALL, H5S_ALL, H5P_DEFAULT, origin.data());
+  sources.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    sources[i] = {names[i] ? names[i] : "", origin[i * kOriginRank], origin[i * kOriginRank + 1]};
+  }
+  H5Dvlen_reclaim(mem_type.get(), space.get(), H5P_DEFAULT, names.data());
+  DP_H5_CHECK(read_origin);
+  return sources;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Writer
 
@@ -161,6 +247,8 @@ struct DatasetWriter::Impl {
     std::optional<h5::Dataset> images, masks;
     std::vector<uint8_t> written;       // per sample: 1 once written
     std::vector<int64_t> crack_pixels;  // per sample (train only: for pos_weight)
+    std::vector<SampleSource> sources;  // per sample, if set_source was called
+    std::vector<uint8_t> has_source;
   };
 
   // Exact integer sums over the train images, per channel: sum of values and of squares.
@@ -261,6 +349,21 @@ void DatasetWriter::write(const std::string& split, int64_t index, const uint8_t
   s.written[static_cast<size_t>(index)] = 1;
 }
 
+void DatasetWriter::set_source(const std::string& split, int64_t index,
+                               const SampleSource& source) {
+  DP_CHECK(!impl_->committed && impl_->file, "dataset writer for '", impl_->path,
+           "': set_source after commit");
+  Impl::Split& s = impl_->split(split);
+  DP_CHECK(index >= 0 && index < s.count, "dataset writer for '", impl_->path, "': sample index ",
+           index, " out of range [0, ", s.count, ") for split '", split, "'");
+  if (s.sources.empty()) {
+    s.sources.resize(static_cast<size_t>(s.count));
+    s.has_source.assign(static_cast<size_t>(s.count), 0);
+  }
+  s.sources[static_cast<size_t>(index)] = source;
+  s.has_source[static_cast<size_t>(index)] = 1;
+}
+
 void DatasetWriter::set_attr(const std::string& name, const std::string& value) {
   DP_CHECK(!impl_->committed && impl_->file, "dataset writer for '", impl_->path,
            "': set_attr after commit");
@@ -308,6 +411,14 @@ void DatasetWriter::commit() {
     }
     im.file->set_attr(kMeanAttr, mean);
     im.file->set_attr(kStdAttr, stdev);
+  }
+  for (Impl::Split* s : {&im.train, &im.val}) {
+    if (s->sources.empty()) continue;
+    for (size_t i = 0; i < s->has_source.size(); ++i) {
+      DP_CHECK(s->has_source[i], "dataset writer for '", im.path, "': sample ", i, " of split '",
+               s->name, "' has no source (others have)");
+    }
+    write_sources(*im.file, s->name, s->sources);
   }
   im.file->flush();
   im.close();

@@ -5,12 +5,14 @@
 #include <condition_variable>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <utility>
 
 #include "dp/buffer.hpp"
 #include "dp/dataset.hpp"
 #include "dp/error.hpp"
+#include "dp/image_io.hpp"
 #include "dp/rng.hpp"
 
 namespace dp::data {
@@ -21,9 +23,13 @@ constexpr int kChannels = 3;
 constexpr int kLevels = 256;  // uint8 values
 constexpr float kMaxByte = 255.0f;
 constexpr int kMaxWorkers = 256;
+constexpr int kMaxSide = kMaxImageSide;  // of a crop
 constexpr float kFlipProbability = 0.5f;
 constexpr uint64_t kQuarterTurns = 4;
-constexpr float kJitter = 0.2f;  // brightness and contrast factors in [1 - kJitter, 1 + kJitter]
+constexpr float kJitter = 0.2f;
+constexpr uint64_t kCropStream = 0x63726F70;  // "crop": the crop's draws, apart from draw()'s
+constexpr float kMaxScale =
+    4.0f;  // of --scale-jitter  // brightness and contrast factors in [1 - kJitter, 1 + kJitter]
 // Grey level of an RGB pixel (ITU-R BT.601 luma, as torchvision's rgb_to_grayscale).
 constexpr float kLuma[kChannels] = {0.299f, 0.587f, 0.114f};
 
@@ -53,6 +59,78 @@ SampleAugment draw(Augment mode, uint64_t seed, int64_t epoch, int64_t index, bo
     a.contrast = contrast;
   }
   return a;
+}
+
+// The stored-image window a sample's crop comes from: origin and size in stored pixels.
+struct Window {
+  float y = 0, x = 0, h = 0, w = 0;
+  bool exact = false;  // integer origin, crop-sized: a plain copy
+};
+
+Window crop_window(const LoaderOptions& o, int64_t epoch, int64_t index, int stored_h,
+                   int stored_w) {
+  Window win;
+  if (o.crop == Crop::kCenter) {
+    win = {static_cast<float>((stored_h - o.crop_height) / 2),
+           static_cast<float>((stored_w - o.crop_width) / 2), static_cast<float>(o.crop_height),
+           static_cast<float>(o.crop_width), true};
+    return win;
+  }
+  Rng rng(key(o.seed, static_cast<uint64_t>(epoch), static_cast<uint64_t>(index), kCropStream));
+  const float s = rng.uniform(o.scale_min, o.scale_max);
+  const float ry = rng.uniform(), rx = rng.uniform();
+  if (o.scale_min == 1.0f && o.scale_max == 1.0f) {
+    const int y = static_cast<int>(ry * static_cast<float>(stored_h - o.crop_height + 1));
+    const int x = static_cast<int>(rx * static_cast<float>(stored_w - o.crop_width + 1));
+    win = {static_cast<float>(std::min(y, stored_h - o.crop_height)),
+           static_cast<float>(std::min(x, stored_w - o.crop_width)),
+           static_cast<float>(o.crop_height), static_cast<float>(o.crop_width), true};
+    return win;
+  }
+  win.h = std::min(static_cast<float>(o.crop_height) / s, static_cast<float>(stored_h));
+  win.w = std::min(static_cast<float>(o.crop_width) / s, static_cast<float>(stored_w));
+  win.y = ry * (static_cast<float>(stored_h) - win.h);
+  win.x = rx * (static_cast<float>(stored_w) - win.w);
+  return win;
+}
+
+// Resamples the window of a stored sample (h x w) to out_h x out_w: bilinear images (pixel
+// centres aligned), nearest masks.
+void resample(const uint8_t* image, const uint8_t* mask, int h, int w, const Window& win, int out_h,
+              int out_w, uint8_t* dst_image, uint8_t* dst_mask) {
+  if (win.exact) {
+    const auto y0 = static_cast<int>(win.y), x0 = static_cast<int>(win.x);
+    for (int y = 0; y < out_h; ++y) {
+      const size_t src = static_cast<size_t>(y0 + y) * w + x0;
+      std::copy_n(image + src * kChannels, static_cast<size_t>(out_w) * kChannels,
+                  dst_image + static_cast<size_t>(y) * out_w * kChannels);
+      std::copy_n(mask + src, out_w, dst_mask + static_cast<size_t>(y) * out_w);
+    }
+    return;
+  }
+  const float sy = win.h / static_cast<float>(out_h), sx = win.w / static_cast<float>(out_w);
+  for (int y = 0; y < out_h; ++y) {
+    const float fy = std::clamp(win.y + (y + 0.5f) * sy - 0.5f, 0.0f, static_cast<float>(h - 1));
+    const int y0 = static_cast<int>(fy), y1 = std::min(y0 + 1, h - 1);
+    const float ay = fy - static_cast<float>(y0);
+    const int my = std::min(static_cast<int>(win.y + (y + 0.5f) * sy), h - 1);
+    for (int x = 0; x < out_w; ++x) {
+      const float fx = std::clamp(win.x + (x + 0.5f) * sx - 0.5f, 0.0f, static_cast<float>(w - 1));
+      const int x0 = static_cast<int>(fx), x1 = std::min(x0 + 1, w - 1);
+      const float ax = fx - static_cast<float>(x0);
+      uint8_t* out = dst_image + (static_cast<size_t>(y) * out_w + x) * kChannels;
+      for (int c = 0; c < kChannels; ++c) {
+        auto at = [&](int yy, int xx) {
+          return static_cast<float>(image[(static_cast<size_t>(yy) * w + xx) * kChannels + c]);
+        };
+        const float v = (1 - ay) * ((1 - ax) * at(y0, x0) + ax * at(y0, x1)) +
+                        ay * ((1 - ax) * at(y1, x0) + ax * at(y1, x1));
+        out[c] = static_cast<uint8_t>(std::clamp(v + 0.5f, 0.0f, kMaxByte));
+      }
+      const int mx = std::min(static_cast<int>(win.x + (x + 0.5f) * sx), w - 1);
+      dst_mask[static_cast<size_t>(y) * out_w + x] = mask[static_cast<size_t>(my) * w + mx];
+    }
+  }
 }
 
 // Where output pixel (y, x) comes from: source index = origin + y * dy + x * dx. The output is
@@ -141,6 +219,53 @@ const char* normalize_name(Normalize n) {
   return n == Normalize::kImagenet ? "imagenet" : "dataset";
 }
 
+void parse_crop(const std::string& random_crop, const std::string& scale_jitter,
+                LoaderOptions& options) {
+  options.crop_height = options.crop_width = 0;
+  options.scale_min = options.scale_max = 1.0f;
+  if (!random_crop.empty()) {
+    const size_t x = random_crop.find('x');
+    int h = 0, w = 0;
+    size_t used_h = 0, used_w = 0;
+    try {
+      h = std::stoi(random_crop.substr(0, x), &used_h);
+      w = x == std::string::npos ? 0 : std::stoi(random_crop.substr(x + 1), &used_w);
+    } catch (const std::exception&) {
+      h = w = 0;
+    }
+    DP_CHECK(x != std::string::npos && used_h == x && used_w == random_crop.size() - x - 1 &&
+                 h >= 1 && w >= 1 && h <= kMaxSide && w <= kMaxSide,
+             "invalid --random-crop '", random_crop, "', expected HxW with sides in [1, ", kMaxSide,
+             "] (e.g. 256x256)");
+    options.crop_height = h;
+    options.crop_width = w;
+  }
+  if (!scale_jitter.empty()) {
+    const size_t dash = scale_jitter.find('-', 1);
+    float lo = 0, hi = 0;
+    size_t used_lo = 0, used_hi = 0;
+    try {
+      lo = std::stof(scale_jitter.substr(0, dash), &used_lo);
+      hi = dash == std::string::npos ? 0 : std::stof(scale_jitter.substr(dash + 1), &used_hi);
+    } catch (const std::exception&) {
+      lo = hi = 0;
+    }
+    DP_CHECK(dash != std::string::npos && used_lo == dash &&
+                 used_hi == scale_jitter.size() - dash - 1 && lo > 0 && lo <= hi && hi <= kMaxScale,
+             "invalid --scale-jitter '", scale_jitter,
+             "', expected LO-HI with 0 < LO <= HI <= ", kMaxScale, " (e.g. 0.8-1.2)");
+    options.scale_min = lo;
+    options.scale_max = hi;
+  }
+}
+
+LoaderOptions validation_options(LoaderOptions train) {
+  train.augment = Augment::kNone;
+  train.crop = Crop::kCenter;
+  train.scale_min = train.scale_max = 1.0f;
+  return train;
+}
+
 struct Loader::Impl {
   struct Slot {
     Buffer images, masks;  // 64-byte aligned, allocated once
@@ -149,16 +274,19 @@ struct Loader::Impl {
     int64_t batch_id = -1;  // which batch of the epoch the slot holds (guarded by m)
     int remaining = 0;      // samples of it still being prepared (guarded by m)
   };
-  struct Scratch {  // one sample as read from the file, per worker
-    std::vector<uint8_t> image, mask;
+  struct Scratch {  // one sample as read from the file, and its crop, per worker
+    std::vector<uint8_t> image, mask, crop_image, crop_mask;
   };
   enum CacheState : uint8_t { kAbsent, kFilling, kCached };
 
   Dataset dataset;
   LoaderOptions opt;
   std::array<float, kChannels> mean{}, stdev{};
-  size_t pixels = 0;  // per sample
-  Lut lut{};          // normalisation without jitter
+  size_t pixels = 0;         // per stored sample
+  int out_h = 0, out_w = 0;  // of a batch sample: the crop's, or the stored size
+  size_t out_pixels = 0;
+  bool cropping = false;  // samples are cropped and/or scaled
+  Lut lut{};              // normalisation without jitter
   std::vector<Scratch> scratch;
   std::vector<Slot> slots;  // the ring: prefetch + 1 batches
   // With cache: per dataset index, image (pixels * 3) then mask (pixels). A worker that marks an
@@ -202,16 +330,33 @@ struct Loader::Impl {
       for (int v = 0; v < kLevels; ++v) lut[c][v] = (v / kMaxByte - mean[c]) / stdev[c];
     }
     pixels = static_cast<size_t>(dataset.height()) * dataset.width();
+    DP_CHECK(opt.scale_min > 0 && opt.scale_min <= opt.scale_max, "loader: scale range [",
+             opt.scale_min, ", ", opt.scale_max, "] must be positive and ordered");
+    DP_CHECK(opt.crop_height >= 0 && opt.crop_width >= 0 &&
+                 (opt.crop_height == 0) == (opt.crop_width == 0),
+             "loader: bad crop ", opt.crop_height, "x", opt.crop_width);
+    out_h = opt.crop_height ? opt.crop_height : dataset.height();
+    out_w = opt.crop_width ? opt.crop_width : dataset.width();
+    DP_CHECK(out_h <= dataset.height() && out_w <= dataset.width(), "crop ", out_h, "x", out_w,
+             " (HxW) is larger than the images of split '", split, "' of '", path, "' (",
+             dataset.height(), "x", dataset.width(), "); give a crop of at most their size");
+    out_pixels = static_cast<size_t>(out_h) * out_w;
+    cropping = out_h != dataset.height() || out_w != dataset.width() ||
+               (opt.crop == Crop::kRandom && (opt.scale_min != 1.0f || opt.scale_max != 1.0f));
     scratch.resize(static_cast<size_t>(opt.workers));
     for (Scratch& s : scratch) {
       s.image.resize(pixels * kChannels);
       s.mask.resize(pixels);
+      if (cropping) {
+        s.crop_image.resize(out_pixels * kChannels);
+        s.crop_mask.resize(out_pixels);
+      }
     }
     const auto bs = static_cast<size_t>(opt.batch_size);
     slots.resize(static_cast<size_t>(opt.prefetch) + 1);
     for (Slot& s : slots) {
-      s.images = Buffer(bs * pixels * kChannels * sizeof(float));
-      s.masks = Buffer(bs * pixels * sizeof(float));
+      s.images = Buffer(bs * out_pixels * kChannels * sizeof(float));
+      s.masks = Buffer(bs * out_pixels * sizeof(float));
       s.indices.assign(bs, 0);
     }
     if (opt.cache) {
@@ -307,16 +452,24 @@ struct Loader::Impl {
     return {s.image.data(), s.mask.data()};
   }
 
-  // Augments and normalises one sample into its batch position.
+  // Crops (and scales), augments and normalises one sample into its batch position.
   void prepare(int64_t index, const uint8_t* image, const uint8_t* mask, float* dst_image,
-               float* dst_mask) const {
-    const int h = dataset.height(), w = dataset.width();
+               float* dst_mask, int worker) {
+    if (cropping) {
+      Scratch& s = scratch[static_cast<size_t>(worker)];
+      const Window win = crop_window(opt, epoch, index, dataset.height(), dataset.width());
+      resample(image, mask, dataset.height(), dataset.width(), win, out_h, out_w,
+               s.crop_image.data(), s.crop_mask.data());
+      image = s.crop_image.data();
+      mask = s.crop_mask.data();
+    }
+    const int h = out_h, w = out_w;
     const SampleAugment a = draw(opt.augment, opt.seed, epoch, index, h == w);
     const Mapping map = mapping(a, h, w);
     Lut jittered;
     const Lut* table = &lut;
     if (a.jitter()) {
-      jitter_lut(image, pixels, a, mean, stdev, jittered);
+      jitter_lut(image, out_pixels, a, mean, stdev, jittered);
       table = &jittered;
     }
     const Lut& t = *table;
@@ -354,8 +507,7 @@ struct Loader::Impl {
         const int n = static_cast<int>(std::min(bs, total - pos));
         s.batch_id = b;
         s.remaining = n;
-        s.batch = Batch{
-            n, dataset.height(), dataset.width(), s.images.f32(), s.masks.f32(), s.indices.data()};
+        s.batch = Batch{n, out_h, out_w, s.images.f32(), s.masks.f32(), s.indices.data()};
       }
       const int64_t index = indices[pos];
       s.indices[k] = index;
@@ -374,8 +526,8 @@ struct Loader::Impl {
       std::exception_ptr failure;
       try {
         const auto [image, mask] = load(index, worker, use);
-        prepare(index, image, mask, s.images.f32() + k * pixels * kChannels,
-                s.masks.f32() + k * pixels);
+        prepare(index, image, mask, s.images.f32() + k * out_pixels * kChannels,
+                s.masks.f32() + k * out_pixels, worker);
       } catch (const Error&) {
         failure = std::current_exception();
       } catch (const std::exception& e) {
@@ -411,10 +563,10 @@ int64_t Loader::dataset_size() const {
   return impl_->dataset.size();
 }
 int Loader::height() const {
-  return impl_->dataset.height();
+  return impl_->out_h;
 }
 int Loader::width() const {
-  return impl_->dataset.width();
+  return impl_->out_w;
 }
 float Loader::pos_weight() const {
   return impl_->dataset.pos_weight();

@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -23,19 +25,56 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr int kChannels = 3;
-constexpr size_t kMaxListed = 5;  // offenders named in an error message
-constexpr int kMaxRank = 8;       // of a dataset, for chunk queries
-constexpr int64_t kPrepVersion = 1;
+constexpr size_t kMaxListed = 5;     // offenders named in an error message
+constexpr int kMaxRank = 8;          // of a dataset, for chunk queries
+constexpr int64_t kPrepVersion = 2;  // 2: per-sample source and origin; tiles, padding
 // Bad input files listed by a failed build, one a line.
 constexpr size_t kMaxProblemsListed = 20;
 // Split streams: positives (masks with a crack pixel) and negatives are shuffled separately.
 constexpr uint64_t kNegativeStream = 0, kPositiveStream = 1;
+// Stream of the draws that keep tiles below --min-crack-fraction (keep_below).
+constexpr uint64_t kTileStream = 2;
 
 struct Pair {
   std::string stem, image, mask;
   bool val = false;
-  bool crack = false;  // the (binarised, resized) mask has a crack pixel
+  bool crack = false;                       // the (binarised, resized) mask has a crack pixel
+  std::vector<std::array<int, 2>> samples;  // (y, x) of each sample cut from it: {0, 0} untiled
 };
+
+// Start positions of tiles of side `tile` every `stride` along a side of `size` (>= tile), plus
+// one flush with the far edge if the last one does not reach it.
+std::vector<int> tile_starts(int size, int tile, int stride) {
+  std::vector<int> starts;
+  for (int p = 0; p + tile <= size; p += stride) starts.push_back(p);
+  if (starts.back() + tile < size) starts.push_back(size - tile);
+  return starts;
+}
+
+// The height x width rectangle of `src` whose top-left pixel is (y, x).
+Image crop(const Image& src, int y, int x, int height, int width) {
+  Image dst{width, height, src.channels, {}};
+  const auto row = static_cast<size_t>(width) * src.channels;
+  dst.pixels.resize(row * height);
+  for (int r = 0; r < height; ++r) {
+    std::memcpy(dst.pixels.data() + r * row,
+                src.pixels.data() + ((static_cast<size_t>(y) + r) * src.width + x) * src.channels,
+                row);
+  }
+  return dst;
+}
+
+// `src` padded with zeros at the bottom and right to height x width.
+Image pad(const Image& src, int height, int width) {
+  Image dst{width, height, src.channels, {}};
+  dst.pixels.assign(static_cast<size_t>(width) * height * src.channels, 0);
+  const auto row = static_cast<size_t>(src.width) * src.channels;
+  for (int r = 0; r < src.height; ++r) {
+    std::memcpy(dst.pixels.data() + static_cast<size_t>(r) * width * src.channels,
+                src.pixels.data() + r * row, row);
+  }
+  return dst;
+}
 
 struct Folder {
   std::map<std::string, std::string> files;  // stem -> path
@@ -87,7 +126,7 @@ std::vector<Pair> pair_folders(const std::string& image_dir, const std::string& 
     if (m == masks.files.end()) {
       lonely_images.push_back(path);
     } else {
-      pairs.push_back({stem, path, m->second});
+      pairs.push_back({stem, path, m->second, false, false, {}});
     }
   }
   for (const auto& [stem, path] : masks.files) {
@@ -165,6 +204,8 @@ class Builder {
     std::vector<const Pair*> train, val;
     for (const Pair& p : pairs) (p.val ? val : train).push_back(&p);
     check_splits(train.size(), val.size(), pairs.size());
+    check_tiles(train, "training");
+    check_tiles(val, "validation");
     write(train, val);
     return report_;
   }
@@ -184,6 +225,24 @@ class Builder {
                  opt_.resize_height >= 0 && opt_.resize_width <= kMaxImageSide &&
                  opt_.resize_height <= kMaxImageSide,
              "bad resize target ", opt_.resize_width, "x", opt_.resize_height);
+    DP_CHECK((opt_.tile_height == 0) == (opt_.tile_width == 0) && opt_.tile_height >= 0 &&
+                 opt_.tile_width >= 0 && opt_.tile_height <= kMaxImageSide &&
+                 opt_.tile_width <= kMaxImageSide && opt_.tile_stride >= 0 &&
+                 opt_.tile_stride <= kMaxImageSide,
+             "bad tile ", opt_.tile_height, "x", opt_.tile_width, " (HxW) or stride ",
+             opt_.tile_stride);
+    DP_CHECK((opt_.pad_height == 0) == (opt_.pad_width == 0) && opt_.pad_height >= 0 &&
+                 opt_.pad_width >= 0 && opt_.pad_height <= kMaxImageSide &&
+                 opt_.pad_width <= kMaxImageSide,
+             "bad padding target ", opt_.pad_height, "x", opt_.pad_width, " (HxW)");
+    DP_CHECK(int(resizing()) + int(tiling()) + int(padding()) <= 1,
+             "give at most one of --resize, --tile and --pad-to");
+    DP_CHECK(opt_.min_crack_fraction >= 0 && opt_.min_crack_fraction <= 1 && opt_.keep_below >= 0 &&
+                 opt_.keep_below <= 1,
+             "minimum crack fraction ", opt_.min_crack_fraction, " and kept fraction ",
+             opt_.keep_below, " must be in [0, 1]");
+    DP_CHECK(tiling() || (opt_.min_crack_fraction == 0 && opt_.keep_below == 0),
+             "a minimum crack fraction applies to tiles: give --tile HxW");
     DP_CHECK(!opt_.out.empty(), "no output file given");
     // Fail before the long scan if the output cannot be written.
     const fs::path parent = fs::path(opt_.out).parent_path();
@@ -217,20 +276,24 @@ class Builder {
       });
       good = record(problems_, [&] { mask = read_image(p.mask, PixelFormat::kGray); }) && good;
       if (good) good = record(problems_, [&] { check_pair(p, width, height, mask); });
+      if (good) good = record(problems_, [&] { check_fits(p, width, height); });
       if (good && !first) {
         first = &p;
         first_w = width;
         first_h = height;
-      } else if (good && !resizing() && (width != first_w || height != first_h)) {
+      } else if (good && !resizing() && !tiling() && !padding() &&
+                 (width != first_w || height != first_h)) {
         if (!sizes_differ) {
           problems_.push_back(str_cat("images differ in size: '", first->image, "' is ", first_w,
                                       "x", first_h, " but '", p.image, "' is ", width, "x", height,
-                                      " (WxH); all images must share one size, or give --resize "
-                                      "WxH"));
+                                      " (WxH); all images must share one size, or give --tile HxW "
+                                      "(cut into tiles), --pad-to HxW (pad with zeros) or "
+                                      "--resize WxH (distorts)"));
         }
         sizes_differ = true;
       }
       if (good) {
+        plan_samples(p, i, mask);
         p.crack = has_crack(std::move(mask));
         readable.push_back(&p);
       }
@@ -246,12 +309,67 @@ class Builder {
       }
     }
     fail_on(problems_);
-    report_.width = resizing() ? opt_.resize_width : first_w;
-    report_.height = resizing() ? opt_.resize_height : first_h;
+    report_.width = resizing()  ? opt_.resize_width
+                    : tiling()  ? opt_.tile_width
+                    : padding() ? opt_.pad_width
+                                : first_w;
+    report_.height = resizing()  ? opt_.resize_height
+                     : tiling()  ? opt_.tile_height
+                     : padding() ? opt_.pad_height
+                                 : first_h;
     report_.resized = resizing();
+    report_.padded = padding();
+    report_.tiled = tiling();
+    report_.sources = static_cast<int64_t>(readable.size());
   }
 
   bool resizing() const { return opt_.resize_width > 0; }
+  bool tiling() const { return opt_.tile_width > 0; }
+  bool padding() const { return opt_.pad_width > 0; }
+
+  // An image must hold the tile, and fit in the padding target.
+  void check_fits(const Pair& p, int width, int height) const {
+    DP_CHECK(!tiling() || (width >= opt_.tile_width && height >= opt_.tile_height), "image '",
+             p.image, "' is ", height, "x", width, " (HxW), smaller than the tile ",
+             opt_.tile_height, "x", opt_.tile_width, "; give a smaller --tile");
+    DP_CHECK(!padding() || (width <= opt_.pad_width && height <= opt_.pad_height), "image '",
+             p.image, "' is ", height, "x", width, " (HxW), larger than --pad-to ", opt_.pad_height,
+             "x", opt_.pad_width, "; give a larger --pad-to, or --tile");
+  }
+
+  // The samples cut from pair number `index`: one at (0, 0) without tiles; with tiles, every
+  // tile position, less those below the minimum crack fraction (but a keep_below fraction).
+  void plan_samples(Pair& p, size_t index, const Image& mask) {
+    p.samples.clear();
+    if (!tiling()) {
+      p.samples.push_back({0, 0});
+      return;
+    }
+    const int th = opt_.tile_height, tw = opt_.tile_width;
+    const int64_t area = static_cast<int64_t>(th) * tw;
+    uint64_t tile = 0;
+    for (const int y : tile_starts(mask.height, th, opt_.tile_stride ? opt_.tile_stride : th)) {
+      for (const int x : tile_starts(mask.width, tw, opt_.tile_stride ? opt_.tile_stride : tw)) {
+        int64_t crack = 0;
+        for (int r = y; r < y + th; ++r) {
+          const uint8_t* row = mask.pixels.data() + static_cast<size_t>(r) * mask.width;
+          for (int c = x; c < x + tw; ++c) crack += row[c] > opt_.mask_threshold;
+        }
+        bool keep =
+            static_cast<double>(crack) >= opt_.min_crack_fraction * static_cast<double>(area);
+        if (!keep && opt_.keep_below > 0) {
+          Rng rng(key(opt_.seed, kTileStream, index, tile));
+          keep = rng.uniform() < opt_.keep_below;
+        }
+        if (keep) {
+          p.samples.push_back({y, x});
+        } else {
+          ++report_.tiles_dropped;
+        }
+        ++tile;
+      }
+    }
+  }
 
   static void check_pair(const Pair& p, int width, int height, const Image& mask) {
     DP_CHECK(mask.width == width && mask.height == height, "image '", p.image, "' is ", width, "x",
@@ -296,20 +414,34 @@ class Builder {
              "fraction, or 0 for no validation split");
   }
 
+  static int64_t sample_count(const std::vector<const Pair*>& pairs) {
+    int64_t n = 0;
+    for (const Pair* p : pairs) n += static_cast<int64_t>(p->samples.size());
+    return n;
+  }
+
+  // A split of sources must keep at least one tile.
+  void check_tiles(const std::vector<const Pair*>& pairs, const char* split) const {
+    DP_CHECK(pairs.empty() || sample_count(pairs) > 0, "no tile of the ", split, " split (",
+             pairs.size(), " image(s)) has a crack fraction of at least ", opt_.min_crack_fraction,
+             "; lower --min-crack-fraction or keep some with --keep-below");
+  }
+
   // Pass 2: decode, convert and write every pair; the writer renames the file only at the end.
   // A bad file (one found only here, e.g. a JPEG truncated after its header) is recorded, nothing
   // more is written, and the pass goes on decoding to find the others; then the build fails
   // listing them all and the writer removes its temporary file.
   void write(const std::vector<const Pair*>& train, const std::vector<const Pair*>& val) {
     const int h = report_.height, w = report_.width;
-    DatasetWriter writer(opt_.out, h, w, static_cast<int64_t>(train.size()),
-                         static_cast<int64_t>(val.size()), opt_.gzip_level);
+    const int64_t n_train = sample_count(train), n_val = sample_count(val);
+    DatasetWriter writer(opt_.out, h, w, n_train, n_val, opt_.gzip_level);
     const auto total = static_cast<int64_t>(train.size() + val.size());
     int64_t done = 0;
     for (const bool is_val : {false, true}) {
       const char* split = is_val ? "val" : "train";
       const std::vector<const Pair*>& items = is_val ? val : train;
       int64_t& with_cracks = is_val ? report_.val_with_cracks : report_.train_with_cracks;
+      int64_t index = 0;  // of the next sample in the split
       for (size_t i = 0; i < items.size(); ++i) {
         const Pair& p = *items[i];
         Image image, mask;
@@ -317,7 +449,11 @@ class Builder {
           image = read_image(p.image, PixelFormat::kRgb);
           mask = read_image(p.mask, PixelFormat::kGray);
           check_pair(p, image.width, image.height, mask);
-          if (image.width != w || image.height != h) {
+          check_fits(p, image.width, image.height);
+          if (padding()) {
+            image = pad(image, h, w);
+            mask = pad(mask, h, w);
+          } else if (!tiling() && (image.width != w || image.height != h)) {
             DP_CHECK(resizing(), "image '", p.image, "' changed size while dpprep was running");
             image = resize_bilinear(image, w, h);
             mask = resize_nearest(mask, w, h);
@@ -325,9 +461,18 @@ class Builder {
         });
         if (good && problems_.empty()) {
           binarise(mask.pixels, opt_.mask_threshold);
-          with_cracks +=
-              std::any_of(mask.pixels.begin(), mask.pixels.end(), [](uint8_t v) { return v != 0; });
-          writer.write(split, static_cast<int64_t>(i), image.pixels.data(), mask.pixels.data());
+          const std::string name = fs::path(p.image).filename().string();
+          for (const auto& [y, x] : p.samples) {
+            const Image tile_image = tiling() ? crop(image, y, x, h, w) : Image{};
+            const Image tile_mask = tiling() ? crop(mask, y, x, h, w) : Image{};
+            const Image& im = tiling() ? tile_image : image;
+            const Image& ma = tiling() ? tile_mask : mask;
+            with_cracks +=
+                std::any_of(ma.pixels.begin(), ma.pixels.end(), [](uint8_t v) { return v != 0; });
+            writer.write(split, index, im.pixels.data(), ma.pixels.data());
+            writer.set_source(split, index, SampleSource{name, y, x});
+            ++index;
+          }
         }
         if (progress_) progress_("writing", ++done, total);
       }
@@ -345,9 +490,20 @@ class Builder {
     }
     writer.set_attr("mask_threshold", static_cast<int64_t>(opt_.mask_threshold));
     writer.set_attr("resized", static_cast<int64_t>(resizing()));
+    if (padding()) {
+      writer.set_attr("pad_height", static_cast<int64_t>(opt_.pad_height));
+      writer.set_attr("pad_width", static_cast<int64_t>(opt_.pad_width));
+    }
+    if (tiling()) {
+      writer.set_attr("tile_height", static_cast<int64_t>(opt_.tile_height));
+      writer.set_attr("tile_width", static_cast<int64_t>(opt_.tile_width));
+      writer.set_attr("tile_stride", static_cast<int64_t>(opt_.tile_stride));
+      writer.set_attr("min_crack_fraction", opt_.min_crack_fraction);
+      writer.set_attr("keep_below", opt_.keep_below);
+    }
     writer.commit();
-    report_.train = static_cast<int64_t>(train.size());
-    report_.val = static_cast<int64_t>(val.size());
+    report_.train = n_train;
+    report_.val = n_val;
     const Dataset written(opt_.out, "train");
     report_.pos_weight = written.pos_weight();
     for (int c = 0; c < kChannels; ++c) {

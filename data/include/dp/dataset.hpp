@@ -16,6 +16,13 @@ namespace dp::data {
 
 inline constexpr const char* kDatasetFormat = "dp-crack-v1";
 
+// Where a sample came from (dpprep build): the source image's file name and the top-left
+// corner of the sample in it (0, 0 unless the image was cut into tiles with --tile).
+struct SampleSource {
+  std::string name;
+  int y = 0, x = 0;
+};
+
 // Per-channel (R, G, B) statistics of the training images, in units of pixel / 255.
 using ChannelStats = std::array<float, 3>;
 
@@ -23,6 +30,9 @@ using ChannelStats = std::array<float, 3>;
 //   /<split>/images uint8 [N,H,W,3], /<split>/masks uint8 [N,H,W] with values {0,1}, N >= 1;
 //   root attributes format = "dp-crack-v1", pos_weight (float); optional mean and std (3 floats
 //   each, the training images' per-channel statistics).
+// Optional per split (dpprep writes them; readers of older files find none): /<split>/source,
+//   variable-length UTF-8 strings [N] (the source file name of each sample), and
+//   /<split>/origin int32 [N,2] (y, x of the sample's top-left pixel in that source).
 // The constructor validates the layout and throws dp::Error naming the file, the object and what
 // was expected. Not thread-safe by itself: all HDF5 access is serialised by dp::h5::mutex().
 class Dataset {
@@ -49,6 +59,8 @@ class Dataset {
   void read(int64_t index, uint8_t* image, uint8_t* mask) const;
   // Reads only the mask of sample `index` (checked to be 0/1).
   void read_mask(int64_t index, uint8_t* mask) const;
+  // The source of every sample (size() entries), or none if the file has no /<split>/source.
+  std::vector<SampleSource> read_sources() const;
 
  private:
   std::string path_, split_;
@@ -72,6 +84,9 @@ class DatasetWriter {
   DatasetWriter& operator=(const DatasetWriter&) = delete;
 
   void write(const std::string& split, int64_t index, const uint8_t* image, const uint8_t* mask);
+  // Records where sample `index` of `split` came from; if any sample of a split has a source,
+  // commit() requires one for every sample of it and writes /<split>/source and /<split>/origin.
+  void set_source(const std::string& split, int64_t index, const SampleSource& source);
   // Extra root attributes (e.g. the generator's parameters).
   void set_attr(const std::string& name, const std::string& value);
   void set_attr(const std::string& name, int64_t value);

@@ -30,6 +30,8 @@ enum class Augment { kNone, kFlips, kFull };
 // Normalisation statistics: ImageNet's (what the reference's pretrained encoders expect) or the
 // dataset's own (root attributes mean and std of the training images, see dataset.hpp).
 enum class Normalize { kImagenet, kDataset };
+// Where a crop window is taken (see LoaderOptions::crop_height).
+enum class Crop { kRandom, kCenter };
 
 inline constexpr std::array<float, 3> kImagenetMean = {0.485f, 0.456f, 0.406f};
 inline constexpr std::array<float, 3> kImagenetStd = {0.229f, 0.224f, 0.225f};
@@ -49,7 +51,25 @@ struct LoaderOptions {
   bool cache = false;      // keep each sample read (uint8) in memory for later epochs
   bool drop_last = false;  // skip the last batch of an epoch if it is smaller than batch_size
   uint64_t seed = 0;
+  // Crop and scale jitter, before the augmentation above: the batch is crop_height x crop_width
+  // (0: the stored size). kRandom: a factor s uniform in [scale_min, scale_max] and a window of
+  // (crop / s) stored pixels (clamped to the stored image: no zooming out past it) at a uniform
+  // position, resampled to the crop size (bilinear images, nearest masks; s = 1 copies pixels
+  // exactly); drawn from (seed, epoch, index) in a stream of their own. kCenter: the centred
+  // window, no scaling (validation).
+  int crop_height = 0, crop_width = 0;
+  Crop crop = Crop::kRandom;
+  float scale_min = 1.0f, scale_max = 1.0f;
 };
+
+// Parses dptrain's --random-crop ("HxW", or "" for none) and --scale-jitter ("LO-HI", e.g.
+// 0.8-1.2, or "" for none; 0 < LO <= HI <= 4) into `options`; throws dp::Error naming the
+// option, the text and what was expected.
+void parse_crop(const std::string& random_crop, const std::string& scale_jitter,
+                LoaderOptions& options);
+// The options of a validation loader that goes with training loader options `train`: no
+// augmentation, no scale jitter, the centred crop of the same size (one input size per model).
+LoaderOptions validation_options(LoaderOptions train);
 
 // Batch buffers (prefetch + 1 slots of batch_size) are allocated in the constructor and reused.
 // Usage per epoch: start(indices, epoch); while (const Batch* b = next()) {...}
@@ -68,7 +88,7 @@ class Loader {
   Loader& operator=(const Loader&) = delete;
 
   int64_t dataset_size() const;
-  int height() const;
+  int height() const;  // of the batches: the crop's, or the stored images'
   int width() const;
   float pos_weight() const;
   const std::array<float, 3>& mean() const;  // the normalisation in use

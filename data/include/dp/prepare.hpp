@@ -20,6 +20,17 @@ struct BuildOptions {
   int resize_width = 0, resize_height = 0;  // 0: every image must already have one size
   bool skip_unpaired = false;  // unpaired files are skipped (counted) instead of an error
   int gzip_level = 0;          // 0 = uncompressed chunks
+  // Tiles (--tile HxW): every image (any size, at least the tile) is cut into tile_height x
+  // tile_width samples at multiples of tile_stride (0: the tile's own sides, no overlap), plus a
+  // last row/column flush with the bottom/right edge; the split stays by source image.
+  int tile_height = 0, tile_width = 0, tile_stride = 0;
+  // Tiles whose crack-pixel fraction is below min_crack_fraction are dropped, except a
+  // keep_below fraction of them (drawn from (seed, source, tile)) so the model still sees
+  // background. 0: keep every tile.
+  double min_crack_fraction = 0, keep_below = 0;
+  // Padding (--pad-to HxW): every image (no side larger) is padded at the bottom and right with
+  // zeros to pad_height x pad_width; its mask with 0 (background).
+  int pad_height = 0, pad_width = 0;
 };
 
 // Called while working: phase ("reading masks" for the split, "writing"; info: "checking
@@ -33,7 +44,9 @@ struct BuildReport {
   int64_t skipped_images = 0, skipped_masks = 0;       // unpaired files skipped (--skip-unpaired)
   int64_t ignored_files = 0;  // files in the folders without an image extension
   int height = 0, width = 0;
-  bool resized = false;
+  bool resized = false, padded = false, tiled = false;
+  int64_t sources = 0;        // image/mask pairs read
+  int64_t tiles_dropped = 0;  // tiles below min_crack_fraction not kept
   double pos_weight = 1.0;
   std::array<double, 3> mean{}, std{};
 };
@@ -41,6 +54,7 @@ struct BuildReport {
 // Pairs the files, decodes every mask (split stratified by whether it has a crack pixel), then
 // decodes, converts and writes every pair to a temporary file that is renamed to options.out at
 // the end. Bad input throws dp::Error naming the file and the problem; nothing is left behind.
+// Every sample's source file name and position are stored (/<split>/source, /<split>/origin).
 // Files that cannot be read or decoded (and pairs whose sizes disagree) do not stop a pass: it
 // records each and goes on, then the one dp::Error lists them all, one a line (the first 20,
 // then "... and N more"; for more than one a last line counting them).
