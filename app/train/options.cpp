@@ -53,6 +53,9 @@ std::string TrainOptions::describe() const {
      << "val_every = " << val_every << "\n"
      << "best_metric = " << best_metric << "\n"
      << "pos_weight = " << use_pos_weight << "\n"
+     << "loss = " << loss << "\n"
+     << "focal_alpha = " << focal_alpha << "\n"
+     << "focal_gamma = " << focal_gamma << "\n"
      << "seed = " << seed << "\n"
      << "device = " << device << "\n"
      << "threads = " << threads << "\n"
@@ -189,7 +192,14 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "lr-step", po::value(&o.lr_step)->default_value(o.lr_step), "epochs between LR decays")(
       "lr-gamma", po::value(&o.lr_gamma)->default_value(o.lr_gamma), "LR decay factor")(
       "pos-weight", po::bool_switch(&o.use_pos_weight),
-      "weight crack pixels by the dataset's pos_weight")(
+      "weight crack pixels by the dataset's pos_weight (in BCE)")(
+      "loss", po::value(&o.loss)->default_value(o.loss),
+      "bce (per pixel), dice (soft Dice per image), bce+dice (their sum) or focal (per pixel); "
+      "each the mean over the global batch")(
+      "focal-alpha", po::value(&o.focal_alpha)->default_value(o.focal_alpha),
+      "focal loss: weight of crack pixels, 1 - alpha of background (< 0: no weighting)")(
+      "focal-gamma", po::value(&o.focal_gamma)->default_value(o.focal_gamma),
+      "focal loss: focusing exponent (0 with --focal-alpha -1: BCE)")(
       "threshold", po::value(&o.threshold)->default_value(o.threshold),
       "probability threshold for IoU")("seed", po::value(&o.seed)->default_value(o.seed),
                                        "seed of init, shuffling and augmentation")(
@@ -342,6 +352,12 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(o.lr_step >= 1, "--lr-step must be at least 1, got ", o.lr_step);
   require(o.lr_gamma > 0 && o.lr_gamma <= 1, "--lr-gamma must be in (0, 1], got ", o.lr_gamma);
   require(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got ", o.threshold);
+  require(o.loss == "bce" || o.loss == "dice" || o.loss == "bce+dice" || o.loss == "focal",
+          "--loss must be bce, dice, bce+dice or focal, got '", o.loss, "'");
+  require(o.focal_alpha <= 1, "--focal-alpha must be <= 1 (< 0: off), got ", o.focal_alpha);
+  require(o.focal_gamma >= 0, "--focal-gamma must be >= 0, got ", o.focal_gamma);
+  require(!o.use_pos_weight || o.loss == "bce" || o.loss == "bce+dice",
+          "--pos-weight weights BCE: use it with --loss bce or bce+dice (focal has --focal-alpha)");
   require(o.max_steps == -1 || o.max_steps >= 1, "--max-steps must be -1 or positive, got ",
           o.max_steps);
   require(o.progress == "auto" || o.progress == "bar" || o.progress == "lines",

@@ -14,6 +14,7 @@
 #include "dp/fs.hpp"
 #include "dp/image_io.hpp"
 #include "dp/optim.hpp"
+#include "train/loss.hpp"
 #include "train/optimization.hpp"
 
 namespace dp::app {
@@ -374,7 +375,7 @@ pre { background: #f6f6f6; padding: 8px; font-size: 12px; }
   h += "</table>\n<h2>Curves</h2>\n<div class=\"charts\">\n";
   std::vector<ChartSeries> loss{{"train_loss", "train loss", kTrainColor, state.train_loss}};
   if (has_val_) loss.push_back({"valid_loss", "valid loss", kValidColor, valid_loss});
-  h += svg_line_chart("Loss (BCE per pixel)", loss, epochs, state.best_epoch);
+  h += svg_line_chart("Loss (" + Loss::describe(opt_) + ")", loss, epochs, state.best_epoch);
   if (has_val_)
     h += svg_line_chart(
         str_cat("Validation IoU and Dice (threshold ", opt_.threshold, ")"),

@@ -23,6 +23,7 @@
 #include "dp/sampler.hpp"
 #include "dp/synth.hpp"
 #include "train/checkpoints.hpp"
+#include "train/loss.hpp"
 #include "train/model_dir_lock.hpp"
 #include "train/optimization.hpp"
 #include "train/report.hpp"
@@ -418,6 +419,7 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
                                val_loader_->height(), "x", val_loader_->width(),
                                " but training images are ", height_, "x", width_, " (HxW)"));
     pos_weight_ = opt_.use_pos_weight ? train_loader_->pos_weight() : 1.0f;
+    loss_ = std::make_unique<Loss>(opt_, pos_weight_);
 
     ModelConfig mc;
     mc.name = opt_.model;
@@ -602,10 +604,9 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
     }
     const bool boundary =
         micro % accumulation == accumulation - 1 || micro + 1 == plan.micro_steps();
-    // Each rank's loss is its sum over the global count of real pixels in this optimiser step
+    // Each rank's loss gradient is that of the mean over the real images of this optimiser step
     // (all micro-batches, all ranks), so the sum of the gradients over micro-batches and ranks is
     // the gradient of the mean over the global batch, uneven last batch included.
-    const float grad_scale = 1.0f / float(plan.step_samples(group) * image_pixels);
     const int real = plan.real_in_batch(comm_.rank(), micro);
     const int64_t real_pixels = int64_t(real) * image_pixels;
     // Dropout masks: a function of (seed, epoch, sample index), like the augmentation.
@@ -615,10 +616,10 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
     const BatchTensors in = to_backend(*b);
     const float* logits = model_->forward(in.images, b->n);
     sums[0] +=
-        backend_->bce_with_logits(real_pixels, logits, in.masks, pos_weight_, grad_scale, diff);
-    if (real < b->n)  // padding: zero gradient (scale 0), its loss is dropped
-      backend_->bce_with_logits(int64_t(b->n - real) * image_pixels, logits + real_pixels,
-                                in.masks + real_pixels, pos_weight_, 0.0f, diff + real_pixels);
+        loss_->sum(*backend_, real, image_pixels, logits, in.masks, plan.step_samples(group), diff);
+    if (real < b->n)  // padding: zero gradient, its loss is dropped
+      loss_->sum(*backend_, b->n - real, image_pixels, logits + real_pixels, in.masks + real_pixels,
+                 0, diff + real_pixels);
     sums[1] += double(real_pixels);
     backend_->confusion_counts(real_pixels, logits, in.masks, logit_threshold, counts);
     counts[3] += real;
@@ -740,8 +741,8 @@ EpochMetrics Trainer::validate() {
     const int64_t pixels = int64_t(b->n) * height_ * width_;
     const BatchTensors in = to_backend(*b);
     const float* logits = model_->forward(in.images, b->n);
-    sums[0] +=
-        backend_->bce_with_logits(pixels, logits, in.masks, pos_weight_, 0.0f, diff_logits_.f32());
+    sums[0] += loss_->sum(*backend_, b->n, int64_t(height_) * width_, logits, in.masks, 0,
+                          diff_logits_.f32());
     sums[1] += double(pixels);
     backend_->confusion_counts(pixels, logits, in.masks, logit_threshold, counts);
     counts[3] += b->n;

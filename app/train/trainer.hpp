@@ -26,6 +26,7 @@ class TrainingReport;     // train/report.hpp
 class TensorBoardLog;     // train/tensorboard.hpp
 class ValidationSamples;  // train/validation_samples.hpp
 class Checkpoints;        // train/checkpoints.hpp
+class Loss;               // train/loss.hpp
 class ModelDirLock;       // train/model_dir_lock.hpp
 
 // The GPU a rank uses with --device cuda: its node-local rank modulo the visible GPUs (>= 1).
@@ -136,6 +137,7 @@ class Trainer {
   Buffer diff_logits_;
   std::vector<uint64_t> dropout_seeds_;  // one per sample of a batch, sized once
   float pos_weight_ = 1.0f;
+  std::unique_ptr<Loss> loss_;  // --loss
   int height_ = 0, width_ = 0;
   CheckpointMeta state_;                              // epochs done, steps, best, history
   std::unique_ptr<ModelDirLock> model_dir_lock_;      // rank 0: one dptrain per --model-dir

@@ -58,8 +58,8 @@ check 'same_losses "$tmp/cuda.log" "$tmp/cpu.log" 3' \
   "--device cuda (2 epochs + resumed 3rd) has the losses of an uninterrupted --device cpu run"
 
 # Other paths of the GPU trainer: ResNet UNet with sync-BN, transposed-convolution decoder with
-# AdamW, gradient accumulation with many small buckets and clipping; 2 epochs of 6 steps each,
-# the losses of the same run on the CPU.
+# AdamW and BCE + Dice, gradient accumulation with many small buckets, clipping and the focal
+# loss; 2 epochs of 6 steps each, the losses of the same run on the CPU.
 while IFS= read -r opts; do
   read -ra extra <<<"$opts"
   for device in cuda cpu; do
@@ -72,8 +72,8 @@ while IFS= read -r opts; do
   rm -rf "$tmp/cuda-variant" "$tmp/cpu-variant"
 done <<'EOF'
 --model unet_resnet34 --sync-bn
---deconv --optimizer adamw
---accumulation-steps 2 --bucket-mb 0.05 --clip-grad-norm 1.0
+--deconv --optimizer adamw --loss bce+dice --pos-weight
+--accumulation-steps 2 --bucket-mb 0.05 --clip-grad-norm 1.0 --loss focal
 EOF
 
 # The checkpoint's validation metrics at threshold 0.1 (0.5 finds no crack after 18 steps).

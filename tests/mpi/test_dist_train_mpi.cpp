@@ -25,9 +25,10 @@ constexpr int64_t kTrain = 11;
 constexpr int64_t kVal = 5;  // np=3: 2, 2, 1 validation samples per rank; never padded
 
 app::TrainOptions options(const std::string& data, const std::string& model_dir, int batch,
-                          const std::string& precision = "fp32") {
+                          const std::string& precision = "fp32", const std::string& loss = "bce") {
   app::TrainOptions o;
   o.precision = precision;
+  o.loss = loss;
   o.data = data;
   o.model_dir = model_dir;
   o.batch_size = batch;
@@ -70,26 +71,26 @@ double update_error(const std::vector<float>& start, const std::vector<float>& a
 
 // np=W x batch 2 (padding on some ranks in the last step) against, on rank 0, one rank with
 // batch 2W in the same process: same weights, and the same train and validation numbers.
-void expect_world_size_independent(const std::string& precision) {
+void expect_world_size_independent(const std::string& precision, const std::string& loss = "bce") {
   const int W = test::world().size();
   SharedDir dir;
   const std::string data = write_dataset(dir);
-  app::Trainer tw(options(data, dir.file("npW"), 2, precision), test::world(), quiet());
+  app::Trainer tw(options(data, dir.file("npW"), 2, precision, loss), test::world(), quiet());
   const std::vector<float> start = weights(tw);
   const app::EpochMetrics train_w = tw.train_epoch(0);
   const app::EpochMetrics valid_w = tw.validate();
   if (test::world().rank() != 0) return;
 
   SelfComm self;
-  app::Trainer t1(options(data, dir.file("np1"), 2 * W, precision), self, quiet());
+  app::Trainer t1(options(data, dir.file("np1"), 2 * W, precision, loss), self, quiet());
   const app::EpochMetrics train_1 = t1.train_epoch(0);
   const app::EpochMetrics valid_1 = t1.validate();
   const double err = update_error(start, weights(tw), weights(t1));
   std::printf(
-      "[%s np %d vs np 1] update error %.3e; train loss %.9f vs %.9f, iou %.9f vs %.9f; "
+      "[%s %s np %d vs np 1] update error %.3e; train loss %.9f vs %.9f, iou %.9f vs %.9f; "
       "valid loss %.9f vs %.9f, iou %.9f vs %.9f\n",
-      precision.c_str(), W, err, train_w.loss, train_1.loss, train_w.iou, train_1.iou, valid_w.loss,
-      valid_1.loss, valid_w.iou, valid_1.iou);
+      precision.c_str(), loss.c_str(), W, err, train_w.loss, train_1.loss, train_w.iou, train_1.iou,
+      valid_w.loss, valid_1.loss, valid_w.iou, valid_1.iou);
   EXPECT_LT(err, 1e-5);
   // Padding duplicates carry no weight: the sample count is the dataset's, not the padded one.
   EXPECT_EQ(train_w.samples, kTrain);
@@ -104,6 +105,15 @@ void expect_world_size_independent(const std::string& precision) {
 
 TEST(DistTrain, ResultsDoNotDependOnTheWorldSize) {
   expect_world_size_independent("fp32");
+}
+
+// Every --loss is a mean over the global batch (Dice per image, the others per pixel), padding
+// and the uneven last batch included.
+TEST(DistTrain, EveryLossDoesNotDependOnTheWorldSize) {
+  for (const char* loss : {"dice", "bce+dice", "focal"}) {
+    SCOPED_TRACE(loss);
+    expect_world_size_independent("fp32", loss);
+  }
 }
 
 // bf16 activations: the per-sample arithmetic does not depend on the batch either (measured

@@ -58,6 +58,19 @@ TEST(Config, IniValuesWithTheCommandLineWinning) {
   EXPECT_NE(o->describe().find("epochs = 9\n"), std::string::npos);
 }
 
+TEST(Config, LossChoices) {
+  EXPECT_EQ(parse({})->loss, "bce");
+  EXPECT_EQ(parse({"--loss", "bce+dice", "--pos-weight"})->loss, "bce+dice");
+  EXPECT_EQ(parse({"--loss", "focal", "--focal-gamma", "0"})->focal_gamma, 0.0);
+  EXPECT_EQ(usage_error({"--loss", "lovasz"}),
+            "--loss must be bce, dice, bce+dice or focal, got 'lovasz'");
+  EXPECT_NE(usage_error({"--loss", "focal", "--pos-weight"}).find("--focal-alpha"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--focal-gamma", "-1"}).find("--focal-gamma must be >= 0"),
+            std::string::npos);
+  EXPECT_NE(parse({"--loss", "dice"})->describe().find("loss = dice\n"), std::string::npos);
+}
+
 TEST(Config, UnknownKeysBadValuesAndMissingFilesNameTheFile) {
   test::TempDir dir;
   const std::string path = dir.file("bad.ini");
