@@ -310,8 +310,9 @@ int run_build(const std::vector<std::string>& args) {
   po::variables_map vm;
   if (!parse_args(args, desc, vm,
                   "Usage: dpprep build --images DIR --masks DIR --out FILE [options]\n"
-                  "Builds a dataset v1 file from folders of JPEG/PNG images and masks (.jpg,\n"
-                  "  .jpeg, .png), paired by file stem. Masks are binarised (> threshold).")) {
+                  "Builds a dataset v1 file from folders of images and masks (.jpg, .jpeg,\n"
+                  "  .png, .tif, .tiff, .bmp), paired by file stem. Masks are binarised\n"
+                  "  (> threshold). Images of several sizes need --tile or --pad-to.")) {
     return kExitOk;
   }
   if (opt.out.empty()) throw UsageError("--out must not be empty");
@@ -372,7 +373,7 @@ int run_build(const std::vector<std::string>& args) {
   }
   if (r.ignored_files > 0) {
     std::cout << kProgram << ": ignored " << r.ignored_files
-              << " file(s) that are hidden or not .jpg/.jpeg/.png\n";
+              << " file(s) that are hidden or not .jpg/.jpeg/.png/.tif/.tiff/.bmp\n";
   }
   return kExitOk;
 }
@@ -432,7 +433,7 @@ int run_info(const std::vector<std::string>& args) {
 }
 
 const Command kCommands[] = {
-    {"build", "build a dataset from folders of JPEG/PNG images and masks", run_build},
+    {"build", "build a dataset from folders of images and masks (JPEG, PNG, TIFF, BMP)", run_build},
     {"info", "check a dataset file and describe it", run_info},
     {"synth", "write a synthetic crack dataset", run_synth},
 };

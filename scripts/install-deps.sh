@@ -7,6 +7,7 @@ packages=(
   openmpi-bin libopenmpi-dev
   libhdf5-dev hdf5-tools zlib1g-dev
   libturbojpeg0-dev libpng-dev
+  libtiff-dev libgdk-pixbuf-2.0-dev  # TIFF and BMP masks and images (dpprep build)
   libboost-program-options-dev
   libprotobuf-dev protobuf-compiler
   libdnnl-dev ocl-icd-opencl-dev

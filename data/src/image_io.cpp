@@ -1,17 +1,22 @@
-// JPEG (TurboJPEG API) and PNG (libpng simplified API) codecs and resizing, every handle in RAII.
+// JPEG (TurboJPEG), PNG (libpng), TIFF (libtiff), BMP (gdk-pixbuf) codecs and resizing, in RAII.
 #include "dp/image_io.hpp"
 
+#include <gdk-pixbuf/gdk-pixbuf.h>
 #include <png.h>
 #include <sys/stat.h>
+#include <tiffio.h>
 #include <turbojpeg.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <string>
 
 #include "dp/error.hpp"
 
@@ -22,6 +27,9 @@ namespace {
 constexpr size_t kSignatureBytes = 8;  // enough for both signatures below
 constexpr uint8_t kJpegSignature[] = {0xFF, 0xD8, 0xFF};
 constexpr uint8_t kPngSignature[] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
+constexpr uint8_t kTiffLittleSignature[] = {'I', 'I', 42, 0};
+constexpr uint8_t kTiffBigSignature[] = {'M', 'M', 0, 42};
+constexpr uint8_t kBmpSignature[] = {'B', 'M'};
 constexpr int kMaxJpegQuality = 100;
 constexpr uint8_t kOpaque = 255;
 constexpr int kRgbaChannels = 4;
@@ -96,17 +104,20 @@ bool starts_with(const std::vector<uint8_t>& bytes, const uint8_t (&signature)[N
   return bytes.size() >= N && std::equal(signature, signature + N, bytes.begin());
 }
 
-enum class Codec { kJpeg, kPng };
+enum class Codec { kJpeg, kPng, kTiff, kBmp };
 
 Codec detect(const std::vector<uint8_t>& bytes, const std::string& path) {
   if (starts_with(bytes, kJpegSignature)) return Codec::kJpeg;
   if (starts_with(bytes, kPngSignature)) return Codec::kPng;
+  if (starts_with(bytes, kTiffLittleSignature) || starts_with(bytes, kTiffBigSignature))
+    return Codec::kTiff;
+  if (starts_with(bytes, kBmpSignature)) return Codec::kBmp;
   std::string head;
   for (size_t i = 0; i < std::min(bytes.size(), kSignatureBytes); ++i) {
     constexpr const char* kHex = "0123456789abcdef";
     head += str_cat(i ? " " : "", kHex[bytes[i] >> 4], kHex[bytes[i] & 15]);
   }
-  fail("image '", path, "' is neither JPEG nor PNG (it starts with bytes ", head, ")");
+  fail("image '", path, "' is neither JPEG nor PNG, TIFF or BMP (it starts with bytes ", head, ")");
 }
 
 void check_size(int width, int height, const std::string& path) {
@@ -222,6 +233,169 @@ Image decode_png(const std::vector<uint8_t>& bytes, const std::string& path, Pix
   return img;
 }
 
+// ---------------------------------------------------------------------------------------------
+// TIFF (libtiff, read from memory through TIFFClientOpen) and BMP (gdk-pixbuf's loader)
+
+// The bytes a TIFF handle reads, and libtiff's last error for this thread (libtiff reports
+// errors through a process-wide handler).
+struct TiffSource {
+  const std::vector<uint8_t>* bytes = nullptr;
+  toff_t at = 0;
+};
+thread_local std::string tiff_error;
+
+void tiff_error_handler(const char* module, const char* fmt, va_list args) {
+  char text[512];
+  std::vsnprintf(text, sizeof text, fmt, args);
+  tiff_error = module ? str_cat(module, ": ", text) : std::string(text);
+}
+
+tmsize_t tiff_read(thandle_t h, void* dst, tmsize_t size) {
+  auto* src = static_cast<TiffSource*>(h);
+  const toff_t left = src->at < src->bytes->size() ? src->bytes->size() - src->at : 0;
+  const auto n = static_cast<size_t>(std::min<toff_t>(left, static_cast<toff_t>(size)));
+  std::memcpy(dst, src->bytes->data() + src->at, n);
+  src->at += n;
+  return static_cast<tmsize_t>(n);
+}
+tmsize_t tiff_write(thandle_t, void*, tmsize_t) {
+  return -1;
+}
+toff_t tiff_seek(thandle_t h, toff_t offset, int whence) {
+  auto* src = static_cast<TiffSource*>(h);
+  const toff_t base = whence == SEEK_CUR ? src->at : whence == SEEK_END ? src->bytes->size() : 0;
+  src->at = base + offset;
+  return src->at;
+}
+int tiff_close(thandle_t) {
+  return 0;
+}
+toff_t tiff_size(thandle_t h) {
+  return static_cast<TiffSource*>(h)->bytes->size();
+}
+int tiff_map(thandle_t, void**, toff_t*) {
+  return 0;
+}
+void tiff_unmap(thandle_t, void*, toff_t) {}
+
+struct TiffCloser {
+  void operator()(TIFF* t) const noexcept { TIFFClose(t); }
+};
+using TiffPtr = std::unique_ptr<TIFF, TiffCloser>;
+
+// Opens a TIFF from memory and reads the size of its first image.
+TiffPtr tiff_open(TiffSource& src, const std::string& path, int& width, int& height) {
+  static std::once_flag handlers;
+  std::call_once(handlers, [] {
+    TIFFSetErrorHandler(tiff_error_handler);
+    TIFFSetWarningHandler(nullptr);  // unknown tags and the like: not a reason to fail
+  });
+  tiff_error.clear();
+  TiffPtr tif(TIFFClientOpen(path.c_str(), "rm", &src, tiff_read, tiff_write, tiff_seek, tiff_close,
+                             tiff_size, tiff_map, tiff_unmap));
+  if (!tif) fail("corrupt TIFF '", path, "': libtiff: ", tiff_error);
+  uint32_t w = 0, h = 0;
+  if (!TIFFGetField(tif.get(), TIFFTAG_IMAGEWIDTH, &w) ||
+      !TIFFGetField(tif.get(), TIFFTAG_IMAGELENGTH, &h)) {
+    fail("corrupt TIFF '", path, "': no image width or length");
+  }
+  check_size(static_cast<int>(std::min<uint32_t>(w, kMaxImageSide + 1)),
+             static_cast<int>(std::min<uint32_t>(h, kMaxImageSide + 1)), path);
+  width = static_cast<int>(w);
+  height = static_cast<int>(h);
+  check_claim(width, height, src.bytes->size(), kPngPixelsPerByte, "TIFF", path);
+  return tif;
+}
+
+// RGBA pixels (4 bytes each, rows top to bottom) -> `format`, refusing transparency like PNG.
+Image from_rgba(const uint8_t* rgba, int width, int height, size_t stride, int channels,
+                PixelFormat format, const char* codec, const std::string& path) {
+  Image img{width, height, static_cast<int>(format), {}};
+  img.pixels.resize(static_cast<size_t>(width) * height * img.channels);
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      const uint8_t* p = rgba + static_cast<size_t>(y) * stride + static_cast<size_t>(x) * channels;
+      DP_CHECK(channels < kRgbaChannels || p[3] == kOpaque, codec, " '", path,
+               "' has transparent pixels (the first at x ", x, ", y ", y,
+               "): flatten it onto a background first; only fully opaque alpha channels are "
+               "dropped");
+      uint8_t* d = &img.pixels[(static_cast<size_t>(y) * width + x) * img.channels];
+      if (format == PixelFormat::kRgb) {
+        d[0] = p[0], d[1] = p[1], d[2] = p[2];
+      } else if (p[0] == p[1] && p[1] == p[2]) {
+        d[0] = p[0];  // grey (1-bit and palette masks included): exact
+      } else {
+        d[0] = static_cast<uint8_t>(std::lround(0.299 * p[0] + 0.587 * p[1] + 0.114 * p[2]));
+      }
+    }
+  }
+  return img;
+}
+
+Image decode_tiff(const std::vector<uint8_t>& bytes, const std::string& path, PixelFormat format) {
+  TiffSource src{&bytes, 0};
+  int width = 0, height = 0;
+  TiffPtr tif = tiff_open(src, path, width, height);
+  std::vector<uint32_t> raster(static_cast<size_t>(width) * height);
+  tiff_error.clear();
+  if (!TIFFReadRGBAImageOriented(tif.get(), static_cast<uint32_t>(width),
+                                 static_cast<uint32_t>(height), raster.data(), ORIENTATION_TOPLEFT,
+                                 1) ||
+      !tiff_error.empty()) {
+    fail("corrupt or unsupported TIFF '", path, "': libtiff: ", tiff_error);
+  }
+  std::vector<uint8_t> rgba(raster.size() * kRgbaChannels);
+  for (size_t i = 0; i < raster.size(); ++i) {
+    rgba[i * 4 + 0] = static_cast<uint8_t>(TIFFGetR(raster[i]));
+    rgba[i * 4 + 1] = static_cast<uint8_t>(TIFFGetG(raster[i]));
+    rgba[i * 4 + 2] = static_cast<uint8_t>(TIFFGetB(raster[i]));
+    rgba[i * 4 + 3] = static_cast<uint8_t>(TIFFGetA(raster[i]));
+  }
+  return from_rgba(rgba.data(), width, height, static_cast<size_t>(width) * kRgbaChannels,
+                   kRgbaChannels, format, "TIFF", path);
+}
+
+struct GObjectUnref {
+  void operator()(void* o) const noexcept { g_object_unref(o); }
+};
+using LoaderPtr = std::unique_ptr<GdkPixbufLoader, GObjectUnref>;
+
+// Where a BMP file header keeps the size of the whole file (bfSize, little-endian).
+constexpr size_t kBmpFileSizeAt = 2;
+constexpr size_t kBmpFileHeaderBytes = 14;
+
+Image decode_bmp(const std::vector<uint8_t>& bytes, const std::string& path, PixelFormat format) {
+  // gdk-pixbuf fills the rows of a truncated BMP without an error: the file header's own size
+  // (0 if the writer left it out) tells.
+  DP_CHECK(bytes.size() >= kBmpFileHeaderBytes, "truncated BMP '", path, "': ", bytes.size(),
+           " bytes, less than a file header");
+  uint32_t declared = 0;
+  for (size_t i = 0; i < 4; ++i) declared |= uint32_t{bytes[kBmpFileSizeAt + i]} << (8 * i);
+  DP_CHECK(declared <= bytes.size(), "corrupt or truncated BMP '", path, "': its header says ",
+           declared, " bytes, the file has ", bytes.size());
+  GError* error = nullptr;
+  LoaderPtr loader(gdk_pixbuf_loader_new_with_type("bmp", &error));
+  auto fail_with = [&](const char* what) {
+    const std::string text = error ? error->message : "no message";
+    if (error) g_error_free(error);
+    fail(what, " '", path, "': gdk-pixbuf: ", text);
+  };
+  if (!loader) fail_with("cannot decode BMP");
+  const bool wrote = gdk_pixbuf_loader_write(loader.get(), bytes.data(), bytes.size(), &error);
+  const bool closed = gdk_pixbuf_loader_close(loader.get(), wrote ? &error : nullptr);
+  if (!wrote || !closed) fail_with("corrupt or truncated BMP");
+  GdkPixbuf* pixbuf = gdk_pixbuf_loader_get_pixbuf(loader.get());  // owned by the loader
+  DP_CHECK(pixbuf != nullptr, "corrupt BMP '", path, "': gdk-pixbuf decoded no image");
+  const int width = gdk_pixbuf_get_width(pixbuf), height = gdk_pixbuf_get_height(pixbuf);
+  check_size(width, height, path);
+  DP_CHECK(gdk_pixbuf_get_bits_per_sample(pixbuf) == 8 &&
+               gdk_pixbuf_get_colorspace(pixbuf) == GDK_COLORSPACE_RGB,
+           "unsupported BMP '", path, "': gdk-pixbuf gave no 8-bit RGB image");
+  return from_rgba(gdk_pixbuf_read_pixels(pixbuf), width, height,
+                   static_cast<size_t>(gdk_pixbuf_get_rowstride(pixbuf)),
+                   gdk_pixbuf_get_n_channels(pixbuf), format, "BMP", path);
+}
+
 // The PNG file's bytes; `path` names the destination in messages.
 std::vector<uint8_t> png_bytes(const std::string& path, const void* pixels, int width, int height,
                                int channels, bool sixteen_bit) {
@@ -284,15 +458,27 @@ bool has_image_extension(const std::string& name) {
   if (dot == std::string::npos || dot == 0) return false;
   std::string ext = name.substr(dot + 1);
   for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return ext == "jpg" || ext == "jpeg" || ext == "png";
+  return ext == "jpg" || ext == "jpeg" || ext == "png" || ext == "tif" || ext == "tiff" ||
+         ext == "bmp";
 }
 
 ImageHeader read_image_header(const std::string& path) {
   const std::vector<uint8_t> bytes = read_file(path);
-  if (detect(bytes, path) == Codec::kJpeg) {
+  const Codec codec = detect(bytes, path);
+  if (codec == Codec::kJpeg) {
     TjHandle handle = jpeg_decompressor(path);
     const JpegHeader h = jpeg_header(handle.get(), bytes, path);
     return {h.width, h.height, "JPEG"};
+  }
+  if (codec == Codec::kTiff) {
+    TiffSource src{&bytes, 0};
+    int width = 0, height = 0;
+    tiff_open(src, path, width, height);
+    return {width, height, "TIFF"};
+  }
+  if (codec == Codec::kBmp) {  // gdk-pixbuf reads no header alone: BMPs are decoded
+    const Image img = decode_bmp(bytes, path, PixelFormat::kGray);
+    return {img.width, img.height, "BMP"};
   }
   PngImage png;
   png_begin(png, bytes, path);
@@ -301,8 +487,17 @@ ImageHeader read_image_header(const std::string& path) {
 
 Image read_image(const std::string& path, PixelFormat format) {
   const std::vector<uint8_t> bytes = read_file(path);
-  return detect(bytes, path) == Codec::kJpeg ? decode_jpeg(bytes, path, format)
-                                             : decode_png(bytes, path, format);
+  switch (detect(bytes, path)) {
+    case Codec::kJpeg:
+      return decode_jpeg(bytes, path, format);
+    case Codec::kTiff:
+      return decode_tiff(bytes, path, format);
+    case Codec::kBmp:
+      return decode_bmp(bytes, path, format);
+    case Codec::kPng:
+      break;
+  }
+  return decode_png(bytes, path, format);
 }
 
 void write_jpeg(const std::string& path, const uint8_t* pixels, int width, int height,

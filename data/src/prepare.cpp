@@ -149,7 +149,7 @@ std::vector<Pair> pair_folders(const std::string& image_dir, const std::string& 
   report.skipped_masks += static_cast<int64_t>(lonely_masks.size());
   DP_CHECK(!pairs.empty(), "no image/mask pairs: '", image_dir, "' has ", images.files.size(),
            " image file(s), '", mask_dir, "' has ", masks.files.size(),
-           " (.jpg, .jpeg or .png, paired by file stem)");
+           " (.jpg, .jpeg, .png, .tif, .tiff or .bmp, paired by file stem)");
   return pairs;
 }
 

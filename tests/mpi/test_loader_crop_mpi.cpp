@@ -1,5 +1,4 @@
-// MPI test: random crops and scale jitter are functions of (seed, epoch, index), the same for
-// np=1, 2.
+// MPI test: loader crops and scale jitter depend on (seed, epoch, index) only, not on the ranks.
 #include <gtest/gtest.h>
 #include <mpi.h>
 

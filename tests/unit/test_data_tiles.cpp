@@ -1,8 +1,11 @@
 // Data as it comes (issue 21): dpprep build --tile/--pad-to on mixed sizes, stored sources, crops.
 #include <gtest/gtest.h>
+#include <tiffio.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -261,6 +264,140 @@ TEST(Tiles, BadInputsAreOneClearLine) {
   b.resize_width = b.resize_height = 64;
   e = error_of([&] { data::build_dataset(b); });
   EXPECT_TRUE(contains(e, "at most one of --resize, --tile and --pad-to")) << e;
+  EXPECT_FALSE(fs::exists(b.out));
+}
+
+// ---------------------------------------------------------------------------------------------
+// TIFF and BMP inputs
+
+// Writes an 8-bit RGB (deflate) or a 1-bit (min-is-black) TIFF with libtiff.
+void write_tiff(const std::string& path, const uint8_t* pixels, int width, int height, int channels,
+                int bits) {
+  TIFF* tif = TIFFOpen(path.c_str(), "w");
+  ASSERT_NE(tif, nullptr);
+  TIFFSetField(tif, TIFFTAG_IMAGEWIDTH, width);
+  TIFFSetField(tif, TIFFTAG_IMAGELENGTH, height);
+  TIFFSetField(tif, TIFFTAG_SAMPLESPERPIXEL, channels);
+  TIFFSetField(tif, TIFFTAG_BITSPERSAMPLE, bits);
+  TIFFSetField(tif, TIFFTAG_PLANARCONFIG, PLANARCONFIG_CONTIG);
+  TIFFSetField(tif, TIFFTAG_PHOTOMETRIC, channels == 3 ? PHOTOMETRIC_RGB : PHOTOMETRIC_MINISBLACK);
+  TIFFSetField(tif, TIFFTAG_COMPRESSION,
+               bits == 1 ? COMPRESSION_PACKBITS : COMPRESSION_ADOBE_DEFLATE);
+  TIFFSetField(tif, TIFFTAG_ROWSPERSTRIP, 8);
+  std::vector<uint8_t> row(static_cast<size_t>(width) * channels);
+  for (int y = 0; y < height; ++y) {
+    const uint8_t* src = pixels + static_cast<size_t>(y) * width * channels;
+    if (bits == 1) {
+      std::fill(row.begin(), row.end(), 0);
+      for (int x = 0; x < width; ++x)
+        if (src[x]) row[x / 8] |= static_cast<uint8_t>(0x80 >> (x % 8));
+    } else {
+      std::copy(src, src + row.size(), row.begin());
+    }
+    ASSERT_EQ(TIFFWriteScanline(tif, row.data(), static_cast<uint32_t>(y), 0), 1);
+  }
+  TIFFClose(tif);
+}
+
+// Writes a 1-bit palette BMP (black, white), the format some crack datasets ship their masks in.
+void write_bmp1(const std::string& path, const uint8_t* mask, int width, int height) {
+  const int stride = ((width + 31) / 32) * 4;
+  const uint32_t data_offset = 14 + 40 + 8,
+                 size = data_offset + static_cast<uint32_t>(stride * height);
+  std::vector<uint8_t> b(size, 0);
+  auto put32 = [&](size_t at, uint32_t v) {
+    for (int i = 0; i < 4; ++i) b[at + i] = static_cast<uint8_t>(v >> (8 * i));
+  };
+  b[0] = 'B', b[1] = 'M';
+  put32(2, size);
+  put32(10, data_offset);
+  put32(14, 40);
+  put32(18, static_cast<uint32_t>(width));
+  put32(22, static_cast<uint32_t>(height));  // positive: rows bottom to top
+  b[26] = 1;                                 // planes
+  b[28] = 1;                                 // bits per pixel
+  put32(46, 2);                              // colours used
+  put32(58, 0x00FFFFFF);                     // palette: 0 black, 1 white
+  for (int y = 0; y < height; ++y) {
+    uint8_t* row = &b[data_offset + static_cast<size_t>(height - 1 - y) * stride];
+    for (int x = 0; x < width; ++x)
+      if (mask[static_cast<size_t>(y) * width + x])
+        row[x / 8] |= static_cast<uint8_t>(0x80 >> (x % 8));
+  }
+  std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+TEST(TiffBmp, ImagesAndOneBitMasksGoThroughTilesExactly) {
+  test::TempDir dir;
+  fs::create_directories(dir.file("images"));
+  fs::create_directories(dir.file("masks"));
+  const int w = 80, h = 48;
+  std::vector<uint8_t> image(static_cast<size_t>(w) * h * 3), mask(static_cast<size_t>(w) * h);
+  Rng rng(key(3));
+  for (uint8_t& v : image) v = static_cast<uint8_t>(rng.below(256));
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x) mask[static_cast<size_t>(y) * w + x] = (x + y / 2) % 17 == 0;
+  write_tiff(dir.file("images/a.tif"), image.data(), w, h, 3, 8);
+  write_tiff(dir.file("masks/a.tiff"), mask.data(), w, h, 1, 1);
+  write_tiff(dir.file("images/b.TIF"), image.data(), w, h, 3, 8);
+  write_bmp1(dir.file("masks/b.bmp"), mask.data(), w, h);
+
+  const Image read = data::read_image(dir.file("images/a.tif"), PixelFormat::kRgb);
+  EXPECT_EQ(read.pixels, image);
+  for (const char* m : {"masks/a.tiff", "masks/b.bmp"}) {
+    const Image gray = data::read_image(dir.file(m), PixelFormat::kGray);
+    ASSERT_EQ(gray.pixels.size(), mask.size()) << m;
+    int differ = 0;
+    for (size_t i = 0; i < mask.size(); ++i) differ += gray.pixels[i] != (mask[i] ? 255 : 0);
+    EXPECT_EQ(differ, 0) << m;
+    EXPECT_EQ(data::read_image_header(dir.file(m)).width, w) << m;
+  }
+  EXPECT_STREQ(data::read_image_header(dir.file("masks/b.bmp")).codec, "BMP");
+  EXPECT_STREQ(data::read_image_header(dir.file("masks/a.tiff")).codec, "TIFF");
+
+  BuildOptions b = options(dir);
+  b.tile_height = b.tile_width = 32;
+  const data::BuildReport r = data::build_dataset(b);
+  EXPECT_EQ(r.train, 2 * 2 * 3);
+  const Dataset ds(b.out, "train");
+  const std::vector<data::SampleSource> sources = ds.read_sources();
+  std::vector<uint8_t> tile(32 * 32 * 3), tile_mask(32 * 32);
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    const data::SampleSource& s = sources[static_cast<size_t>(i)];
+    ds.read(i, tile.data(), tile_mask.data());
+    int differ = 0;
+    for (int y = 0; y < 32; ++y) {
+      for (int x = 0; x < 32; ++x) {
+        const size_t p = static_cast<size_t>(s.y + y) * w + s.x + x;
+        for (int c = 0; c < 3; ++c) differ += tile[(y * 32 + x) * 3 + c] != image[p * 3 + c];
+        differ += tile_mask[y * 32 + x] != mask[p];
+      }
+    }
+    EXPECT_EQ(differ, 0) << s.name << " at " << s.y << "," << s.x;
+  }
+
+  // Corrupt files: one line naming the file and the decoder's message.
+  const auto cut = [&](const std::string& path, double keep) {
+    fs::resize_file(path, static_cast<uintmax_t>(static_cast<double>(fs::file_size(path)) * keep));
+  };
+  cut(dir.file("images/a.tif"), 0.5);
+  std::string e = error_of([&] { data::read_image(dir.file("images/a.tif"), PixelFormat::kRgb); });
+  EXPECT_TRUE(contains(e, "TIFF '" + dir.file("images/a.tif") + "'")) << e;
+  EXPECT_TRUE(contains(e, "libtiff")) << e;
+  EXPECT_EQ(count(e, "\n"), 0) << e;
+  cut(dir.file("masks/b.bmp"), 0.5);
+  e = error_of([&] { data::read_image(dir.file("masks/b.bmp"), PixelFormat::kGray); });
+  EXPECT_TRUE(contains(e, "corrupt or truncated BMP '" + dir.file("masks/b.bmp") + "'")) << e;
+  EXPECT_EQ(count(e, "\n"), 0) << e;
+  std::ofstream(dir.file("masks/c.bmp")) << "BMnot really";
+  e = error_of([&] { data::read_image(dir.file("masks/c.bmp"), PixelFormat::kGray); });
+  EXPECT_TRUE(contains(e, "BMP '" + dir.file("masks/c.bmp") + "'")) << e;
+  // dpprep lists both bad files, one a line, and writes nothing.
+  fs::remove(dir.file("masks/c.bmp"));
+  fs::remove(b.out);
+  e = error_of([&] { data::build_dataset(b); });
+  EXPECT_TRUE(contains(e, "a.tif")) << e;
+  EXPECT_TRUE(contains(e, "b.bmp")) << e;
   EXPECT_FALSE(fs::exists(b.out));
 }
 

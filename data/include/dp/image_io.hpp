@@ -1,4 +1,4 @@
-// Image files: JPEG (libjpeg-turbo's TurboJPEG) and PNG (libpng) decoding, encoding and resizing.
+// Image files: JPEG, PNG, TIFF and BMP decoding (see read_image), encoding and resizing.
 #pragma once
 
 #include <cstdint>
@@ -18,23 +18,26 @@ struct Image {
 
 struct ImageHeader {
   int width = 0, height = 0;
-  const char* codec = "";  // "JPEG" or "PNG"
+  const char* codec = "";  // "JPEG", "PNG", "TIFF" or "BMP"
 };
 
 // Largest side accepted (px): larger images are refused before any allocation.
 inline constexpr int kMaxImageSide = 32768;
 
-// True for the file names dpprep reads: .jpg, .jpeg, .png in any letter case.
+// True for the file names dpprep reads: .jpg, .jpeg, .png, .tif, .tiff, .bmp in any letter case.
 bool has_image_extension(const std::string& name);
 
 // Reads the size of an image file without decoding its pixels. The codec is chosen by the file's
 // first bytes, not its name. Throws dp::Error naming the file and the problem.
 ImageHeader read_image_header(const std::string& path);
 
-// Decodes a JPEG or PNG file into `format`. Conversions: grayscale to RGB (replicated), RGB to
-// gray (luma), palette to RGB, 16-bit to 8-bit; an alpha channel is dropped if every pixel is
-// opaque and refused otherwise. Corrupt or truncated files (any decoder warning included) and
-// unsupported ones (e.g. CMYK JPEG) throw dp::Error naming the file and the decoder's message.
+// Decodes a JPEG, PNG, TIFF (libtiff's RGBA interface: 1-bit, palette, 8/16-bit, any of its
+// compressions; the first image of the file) or BMP (gdk-pixbuf: 1/4/8-bit palette, 16/24/32-bit)
+// file into `format`; 1-bit and palette masks become 0/255 (grey values are kept exactly).
+// Conversions: grayscale to RGB (replicated), RGB to gray (luma), palette to RGB, 16-bit to 8-bit;
+// an alpha channel is dropped if every pixel is opaque and refused otherwise. Corrupt or truncated
+// files (any JPEG or PNG decoder warning included) and unsupported ones (e.g. CMYK JPEG) throw
+// dp::Error naming the file and the decoder's message.
 Image read_image(const std::string& path, PixelFormat format);
 
 // Writes `pixels` (height * width * channels of `format`) as a baseline JPEG (4:2:0 for RGB).

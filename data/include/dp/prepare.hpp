@@ -11,7 +11,7 @@
 namespace dp::data {
 
 struct BuildOptions {
-  std::string images, masks;                // folders of .jpg/.jpeg/.png files, paired by file stem
+  std::string images, masks;  // folders of .jpg/.jpeg/.png/.tif/.tiff/.bmp, paired by file stem
   std::string val_images, val_masks;        // explicit validation folders (both or neither)
   std::string out;                          // the dataset file to write
   double val_fraction = 0.1;                // used without explicit validation folders; 0 = no val
