@@ -360,19 +360,52 @@ struct GObjectUnref {
 };
 using LoaderPtr = std::unique_ptr<GdkPixbufLoader, GObjectUnref>;
 
-// Where a BMP file header keeps the size of the whole file (bfSize, little-endian).
-constexpr size_t kBmpFileSizeAt = 2;
-constexpr size_t kBmpFileHeaderBytes = 14;
+// The fields of a BMP's headers read before gdk-pixbuf sees the file (little-endian offsets).
+constexpr size_t kBmpFileSizeAt = 2;      // bfSize: the whole file, 0 if the writer left it out
+constexpr size_t kBmpDataOffsetAt = 10;   // bfOffBits: where the pixel rows start
+constexpr size_t kBmpInfoSizeAt = 14;     // biSize: 12 (OS/2 core header) or >= 40
+constexpr size_t kBmpWidthAt = 18;        // int32 (int16 in a core header)
+constexpr size_t kBmpHeightAt = 22;       // int32, negative for top-down rows
+constexpr size_t kBmpBitsAt = 28;         // biBitCount
+constexpr size_t kBmpCompressionAt = 30;  // biCompression: 0 = BI_RGB (uncompressed)
+constexpr size_t kBmpInfoHeaderBytes = 34;
+constexpr uint32_t kBmpCoreHeader = 12;
+// Pixels a BMP may claim per byte beyond kFreePixels: RLE's delta escapes skip up to 255x255
+// pixels in 4 bytes.
+constexpr int64_t kBmpPixelsPerByte = 16384;
 
-Image decode_bmp(const std::vector<uint8_t>& bytes, const std::string& path, PixelFormat format) {
-  // gdk-pixbuf fills the rows of a truncated BMP without an error: the file header's own size
-  // (0 if the writer left it out) tells.
-  DP_CHECK(bytes.size() >= kBmpFileHeaderBytes, "truncated BMP '", path, "': ", bytes.size(),
-           " bytes, less than a file header");
-  uint32_t declared = 0;
-  for (size_t i = 0; i < 4; ++i) declared |= uint32_t{bytes[kBmpFileSizeAt + i]} << (8 * i);
+uint32_t le32(const std::vector<uint8_t>& bytes, size_t at) {
+  uint32_t v = 0;
+  for (size_t i = 0; i < 4; ++i) v |= uint32_t{bytes[at + i]} << (8 * i);
+  return v;
+}
+
+// What a BMP's headers claim, checked before it is decoded: gdk-pixbuf allocates what they say
+// and fills the missing rows of a truncated file without an error.
+void check_bmp_claims(const std::vector<uint8_t>& bytes, const std::string& path) {
+  DP_CHECK(bytes.size() >= kBmpInfoHeaderBytes, "truncated BMP '", path, "': ", bytes.size(),
+           " bytes, less than its headers");
+  const uint32_t declared = le32(bytes, kBmpFileSizeAt);
   DP_CHECK(declared <= bytes.size(), "corrupt or truncated BMP '", path, "': its header says ",
            declared, " bytes, the file has ", bytes.size());
+  if (le32(bytes, kBmpInfoSizeAt) == kBmpCoreHeader) return;  // OS/2 1.x: 16-bit sizes, small
+  const auto width = static_cast<int32_t>(le32(bytes, kBmpWidthAt));
+  const auto height = static_cast<int32_t>(le32(bytes, kBmpHeightAt));
+  const int64_t h = height < 0 ? -int64_t{height} : height;
+  check_size(static_cast<int>(std::clamp<int64_t>(width, 0, kMaxImageSide + 1)),
+             static_cast<int>(std::min<int64_t>(h, kMaxImageSide + 1)), path);
+  check_claim(width, static_cast<int>(h), bytes.size(), kBmpPixelsPerByte, "BMP", path);
+  const uint32_t bits = bytes[kBmpBitsAt] | uint32_t{bytes[kBmpBitsAt + 1]} << 8;
+  if (le32(bytes, kBmpCompressionAt) != 0 || bits == 0) return;
+  // Uncompressed rows are padded to 4 bytes: all of them must be in the file.
+  const uint64_t stride = (static_cast<uint64_t>(width) * bits + 31) / 32 * 4;
+  const uint64_t end = le32(bytes, kBmpDataOffsetAt) + stride * static_cast<uint64_t>(h);
+  DP_CHECK(end <= bytes.size(), "corrupt or truncated BMP '", path, "': its ", width, "x", h,
+           " pixels of ", bits, " bits end at byte ", end, ", the file has ", bytes.size());
+}
+
+Image decode_bmp(const std::vector<uint8_t>& bytes, const std::string& path, PixelFormat format) {
+  check_bmp_claims(bytes, path);
   GError* error = nullptr;
   LoaderPtr loader(gdk_pixbuf_loader_new_with_type("bmp", &error));
   auto fail_with = [&](const char* what) {

@@ -389,6 +389,28 @@ TEST(TiffBmp, ImagesAndOneBitMasksGoThroughTilesExactly) {
   e = error_of([&] { data::read_image(dir.file("masks/b.bmp"), PixelFormat::kGray); });
   EXPECT_TRUE(contains(e, "corrupt or truncated BMP '" + dir.file("masks/b.bmp") + "'")) << e;
   EXPECT_EQ(count(e, "\n"), 0) << e;
+  // Without its file size (bfSize 0), a cut BMP is caught by where its rows end; a BMP whose
+  // header claims more pixels than its bytes can hold is refused before it is decoded.
+  for (const bool forged : {false, true}) {
+    write_bmp1(dir.file("masks/d.bmp"), mask.data(), w, h);
+    std::vector<char> d(fs::file_size(dir.file("masks/d.bmp")));
+    std::ifstream(dir.file("masks/d.bmp"), std::ios::binary).read(d.data(), d.size());
+    std::fill(d.begin() + 2, d.begin() + 6, 0);
+    if (forged) {
+      d[18] = d[20] = d[22] = d[24] = 0,
+      d[19] = d[23] = 0x70;  // 28672 x 28672 (1-bit, uncompressed)
+    } else {
+      d.resize(d.size() - 10);
+    }
+    std::ofstream(dir.file("masks/d.bmp"), std::ios::binary).write(d.data(), d.size());
+    e = error_of([&] { data::read_image(dir.file("masks/d.bmp"), PixelFormat::kGray); });
+    EXPECT_TRUE(contains(e, forged ? "BMP '" + dir.file("masks/d.bmp") + "' claims 28672x28672"
+                                   : "corrupt or truncated BMP '" + dir.file("masks/d.bmp") +
+                                         "': its 80x48 pixels of 1 bits end at byte"))
+        << e;
+    EXPECT_EQ(count(e, "\n"), 0) << e;
+  }
+  fs::remove(dir.file("masks/d.bmp"));
   std::ofstream(dir.file("masks/c.bmp")) << "BMnot really";
   e = error_of([&] { data::read_image(dir.file("masks/c.bmp"), PixelFormat::kGray); });
   EXPECT_TRUE(contains(e, "BMP '" + dir.file("masks/c.bmp") + "'")) << e;
