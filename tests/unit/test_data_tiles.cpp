@@ -1,6 +1,7 @@
 // Data as it comes (issue 21): dpprep build --tile/--pad-to on mixed sizes, stored sources, crops.
 #include <gtest/gtest.h>
 #include <tiffio.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -421,6 +422,94 @@ TEST(TiffBmp, ImagesAndOneBitMasksGoThroughTilesExactly) {
   EXPECT_TRUE(contains(e, "a.tif")) << e;
   EXPECT_TRUE(contains(e, "b.bmp")) << e;
   EXPECT_FALSE(fs::exists(b.out));
+}
+
+// A PNG written byte by byte (libpng's simplified API writes 8-bit only): colour type 0 (grey)
+// at `bits` per pixel, or 3 (palette: 0 black, 1 white) at 8, for masks of 0/1 values.
+void write_mask_png(const std::string& path, const uint8_t* mask, int width, int height, int type,
+                    int bits) {
+  std::string raw;
+  for (int y = 0; y < height; ++y) {
+    raw += '\0';  // filter: none
+    std::string row(static_cast<size_t>((width * bits + 7) / 8), '\0');
+    for (int x = 0; x < width; ++x) {
+      if (!mask[static_cast<size_t>(y) * width + x]) continue;
+      if (bits == 1) {
+        row[x / 8] = static_cast<char>(row[x / 8] | (0x80 >> (x % 8)));
+      } else {
+        row[x] = static_cast<char>(type == 3 ? 1 : 255);
+      }
+    }
+    raw += row;
+  }
+  uLongf packed_size = compressBound(raw.size());
+  std::string packed(packed_size, '\0');
+  ASSERT_EQ(compress(reinterpret_cast<Bytef*>(packed.data()), &packed_size,
+                     reinterpret_cast<const Bytef*>(raw.data()), raw.size()),
+            Z_OK);
+  packed.resize(packed_size);
+  auto be32 = [](uint32_t v) {
+    return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16),
+                       static_cast<char>(v >> 8), static_cast<char>(v)};
+  };
+  std::string file = "\x89PNG\r\n\x1a\n";
+  auto chunk = [&](const std::string& type_name, const std::string& data) {
+    const std::string body = type_name + data;
+    file += be32(static_cast<uint32_t>(data.size())) + body +
+            be32(static_cast<uint32_t>(
+                crc32(0, reinterpret_cast<const Bytef*>(body.data()), body.size())));
+  };
+  chunk("IHDR", be32(width) + be32(height) +
+                    std::string{static_cast<char>(bits), static_cast<char>(type), 0, 0, 0});
+  if (type == 3) chunk("PLTE", std::string("\0\0\0\xff\xff\xff", 6));
+  chunk("IDAT", packed);
+  chunk("IEND", "");
+  std::ofstream(path, std::ios::binary) << file;
+}
+
+TEST(MaskFormats, OneBitAndPalettePngMasksAreExact) {
+  test::TempDir dir;
+  test::PairFolderOptions o;
+  o.count = 3;
+  o.width = 72;
+  o.height = 40;
+  test::write_pairs(dir.path(), o);
+  std::vector<std::vector<uint8_t>> masks;
+  for (int i = 0; i < 3; ++i) {
+    const std::string png = dir.file("masks/" + test::pair_stem(o, i) + ".png");
+    const Image m = data::read_image(png, PixelFormat::kGray);
+    std::vector<uint8_t> binary(m.pixels.size());
+    for (size_t k = 0; k < binary.size(); ++k) binary[k] = m.pixels[k] > 127;
+    masks.push_back(binary);
+    if (i == 0) write_mask_png(png, binary.data(), 72, 40, 0, 1);  // 1-bit grey
+    if (i == 1) write_mask_png(png, binary.data(), 72, 40, 3, 8);  // palette
+  }
+  for (int i = 0; i < 2; ++i) {
+    const Image m =
+        data::read_image(dir.file("masks/" + test::pair_stem(o, i) + ".png"), PixelFormat::kGray);
+    int differ = 0;
+    for (size_t k = 0; k < m.pixels.size(); ++k)
+      differ += m.pixels[k] != (masks[static_cast<size_t>(i)][k] ? 255 : 0);
+    EXPECT_EQ(differ, 0) << "mask " << i;
+  }
+  BuildOptions b = options(dir);
+  b.tile_height = 32;
+  b.tile_width = 64;
+  data::build_dataset(b);
+  const Dataset ds(b.out, "train");
+  const std::vector<data::SampleSource> sources = ds.read_sources();
+  ASSERT_EQ(ds.size(), 3 * 4);  // rows at 0 and 8 (flush), columns at 0 and 8
+  std::vector<uint8_t> image(32 * 64 * 3), mask(32 * 64);
+  for (int64_t i = 0; i < ds.size(); ++i) {
+    const data::SampleSource& s = sources[static_cast<size_t>(i)];
+    const auto& m = masks[static_cast<size_t>(s.name[5] - '0')];  // img00N.jpg
+    ds.read(i, image.data(), mask.data());
+    int differ = 0;
+    for (int y = 0; y < 32; ++y)
+      for (int x = 0; x < 64; ++x)
+        differ += mask[y * 64 + x] != m[static_cast<size_t>(s.y + y) * 72 + s.x + x];
+    EXPECT_EQ(differ, 0) << s.name << " at " << s.y << "," << s.x;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
