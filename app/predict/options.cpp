@@ -46,6 +46,9 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
                     "output folder: masks/, prob/ and overlay/ (optional with --dataset)")(
       "threshold", po::value(&o.threshold)->default_value(o.threshold),
       "probability above which a pixel is a crack")(
+      "tolerance", po::value(&o.tolerance)->default_value(o.tolerance),
+      "with --dataset: ODS/OIS/AP count a predicted crack pixel within this many pixels of a "
+      "true one as right, and a true one with a prediction this close as found")(
       "save-prob", po::bool_switch(&o.save_prob),
       "also write the probability map as an 8-bit PNG (prob/)")(
       "overlay", po::bool_switch(&o.overlay),
@@ -105,6 +108,8 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   require(o.split == "train" || o.split == "val", "--split must be train or val, got '", o.split,
           "'");
   require(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got ", o.threshold);
+  require(o.tolerance >= 0 && o.tolerance <= 32, "--tolerance must be in [0, 32] pixels, got ",
+          o.tolerance);
   require(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
   parse_cpu_conv(o.cpu_conv);
   require(o.device == "auto" || o.device == "cpu" || o.device == "cuda",

@@ -8,15 +8,16 @@
 namespace dp::app {
 
 struct PredictOptions {
-  std::string checkpoint;               // model_best.h5 or model_epoch_<N>.h5
-  std::vector<std::string> inputs;      // image files and folders (positional arguments)
-  std::string list;                     // a text file naming one image per line
-  std::string dataset;                  // or a dataset v1 file (masks give metrics)
-  std::string split = "val";            // its split
-  std::string out;                      // output folder (optional with --dataset: metrics only)
-  double threshold = 0.5;               // probability above which a pixel is a crack
-  bool save_prob = false;               // also write the probability map (8-bit PNG)
-  bool overlay = false;                 // also write the image with crack pixels tinted
+  std::string checkpoint;           // model_best.h5 or model_epoch_<N>.h5
+  std::vector<std::string> inputs;  // image files and folders (positional arguments)
+  std::string list;                 // a text file naming one image per line
+  std::string dataset;              // or a dataset v1 file (masks give metrics)
+  std::string split = "val";        // its split
+  std::string out;                  // output folder (optional with --dataset: metrics only)
+  double threshold = 0.5;           // probability above which a pixel is a crack
+  int tolerance = 0;       // --dataset: pixels of tolerance of ODS/OIS/AP (train/sweep_metrics.hpp)
+  bool save_prob = false;  // also write the probability map (8-bit PNG)
+  bool overlay = false;    // also write the image with crack pixels tinted
   int tile_height = 0, tile_width = 0;  // 0: the checkpoint's training size
   int overlap = -1;                     // pixels; -1: a quarter of the smaller tile side
   int batch_size = 4;                   // tiles per forward pass

@@ -23,6 +23,7 @@
 #include "exit_codes.hpp"
 #include "predict/predictor.hpp"
 #include "train/options.hpp"
+#include "train/sweep_metrics.hpp"
 #include "train/trainer.hpp"
 #ifdef DP_WITH_CUDA
 #include "dp/cuda/device.hpp"
@@ -263,6 +264,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   for (size_t i = size_t(rank); i < inputs.size(); i += size_t(world)) mine.push_back(i);
   Progress progress(rank == 0 && !o.quiet, int64_t(mine.size()), rank, world);
   SegmentationMetrics m;
+  ThresholdSweep sweep(o.tolerance);                       // ODS/OIS/AP of --dataset
   std::unordered_map<size_t, std::vector<uint8_t>> truth;  // dataset masks of images in flight
   const auto threshold = float(o.threshold);
   const fs::path out(o.out);
@@ -294,6 +296,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
       }
     }
     if (const auto t = truth.find(id); t != truth.end()) {
+      sweep.add_probabilities(prob.data(), t->second.data(), h, w);
       for (size_t i = 0; i < pixels; ++i) {
         const bool p = mask[i] != 0, g = t->second[i] != 0;
         m.tp += p && g;
@@ -354,7 +357,12 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
       },
       &sums);
   progress.end_line();
-  SegmentationMetrics total{sums[0], sums[1], sums[2], sums[3], sums[4]};
+  SegmentationMetrics total{sums[0], sums[1], sums[2], sums[3], sums[4], {}};
+  if (dataset) {  // every rank finished: the sweep's counts sum over ranks
+    comm.allreduce_sum(sweep.counts().data(), sweep.counts().size());
+    comm.allreduce_sum(sweep.sums().data(), sweep.sums().size());
+    total.sweep = sweep.result();
+  }
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   log.info("dppredict: ", total.images, " image(s) in ", fixed(seconds, 1), " s (",
            fixed(double(total.images) / std::max(seconds, 1e-9), 1), " img/s)",
@@ -371,7 +379,9 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     log.info("metrics on ", o.dataset, " /", o.split, " (", total.images, " images, ", total.pixels,
              " pixels, threshold ", o.threshold, "): iou ", fixed(total.iou(), 8), "  dice ",
              fixed(total.dice(), 8), "  precision ", fixed(total.precision(), 8), "  recall ",
-             fixed(total.recall(), 8));
+             fixed(total.recall(), 8), "; over thresholds 0.01..0.99, tolerance ", o.tolerance,
+             " px: ods ", fixed(total.sweep.ods, 8), " (t ", fixed(total.sweep.ods_threshold, 2),
+             ")  ois ", fixed(total.sweep.ois, 8), "  ap ", fixed(total.sweep.ap, 8));
   }
   if (metrics_out != nullptr) *metrics_out = total;
   return failures > 0 ? kExitSomeInputsFailed : kExitOk;

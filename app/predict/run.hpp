@@ -8,6 +8,7 @@
 #include "dp/comm.hpp"
 #include "dp/log.hpp"
 #include "predict/options.hpp"
+#include "train/sweep_metrics.hpp"
 
 namespace dp::app {
 
@@ -15,6 +16,7 @@ namespace dp::app {
 // x / max(1, denominator) as in dptrain's validation.
 struct SegmentationMetrics {
   int64_t tp = 0, fp = 0, fn = 0, pixels = 0, images = 0;
+  SweepResult sweep;         // ODS, OIS, AP over the thresholds (--dataset)
   double iou() const;        // TP / (TP + FP + FN)
   double dice() const;       // 2 TP / (2 TP + FP + FN)
   double precision() const;  // TP / (TP + FP)

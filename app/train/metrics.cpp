@@ -1,6 +1,7 @@
 // Metrics from confusion counts; metrics.csv kept in step with the checkpoints.
 #include "train/metrics.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -57,8 +58,11 @@ MetricsCsv::MetricsCsv(const std::string& model_dir, int64_t epochs_done)
     while (std::getline(in, line)) {
       if (line.empty() || line == kHeader) continue;
       long long epoch = 0;
-      if (std::sscanf(line.c_str(), "%lld,", &epoch) == 1 && epoch <= epochs_done)
-        keep.push_back(line);
+      if (std::sscanf(line.c_str(), "%lld,", &epoch) != 1 || epoch > epochs_done) continue;
+      // A row of an older dptrain (fewer columns): empty fields for the new ones.
+      const auto columns = [](const std::string& l) { return std::count(l.begin(), l.end(), ','); };
+      line.append(size_t(std::max<std::ptrdiff_t>(0, columns(kHeader) - columns(line))), ',');
+      keep.push_back(line);
     }
   }
   std::ofstream out(path_, std::ios::trunc);
@@ -73,7 +77,8 @@ void MetricsCsv::append(const MetricsRow& r) const {
   out << r.epoch << "," << field(r.lr, 7) << "," << field(r.train_loss) << ","
       << field(r.valid_loss) << "," << field(r.iou) << "," << field(r.dice) << ","
       << field(r.precision) << "," << field(r.recall) << "," << field(r.images_per_s) << ","
-      << field(r.seconds) << "\n";
+      << field(r.seconds) << "," << field(r.ods) << "," << field(r.ods_threshold, 3) << ","
+      << field(r.ois) << "," << field(r.ap) << "\n";
   out.flush();
   DP_CHECK(out.good(), "cannot append to '", path_, "'");
 }

@@ -24,16 +24,19 @@ struct MetricsRow {
   int64_t epoch = 0;  // 1-based
   double lr = 0, train_loss = 0, valid_loss = 0, iou = 0, dice = 0, precision = 0, recall = 0;
   double images_per_s = 0, seconds = 0;
+  double ods = 0, ods_threshold = 0, ois = 0, ap = 0;  // train/sweep_metrics.hpp
 };
 
 // <model_dir>/metrics.csv, appended by rank 0 after every epoch (header written once). On start
 // the file keeps only the rows of epochs the resumed checkpoint has done (none when fresh), so a
-// resumed or restarted run never repeats an epoch's row. Throws dp::Error on I/O errors.
+// resumed or restarted run never repeats an epoch's row; rows of an older dptrain with fewer
+// columns get empty fields for the new ones. Throws dp::Error on I/O errors.
 class MetricsCsv {
  public:
   static constexpr const char* kFileName = "metrics.csv";
   static constexpr const char* kHeader =
-      "epoch,lr,train_loss,valid_loss,iou,dice,precision,recall,img_per_s,seconds";
+      "epoch,lr,train_loss,valid_loss,iou,dice,precision,recall,img_per_s,seconds,ods,"
+      "ods_threshold,ois,ap";
   MetricsCsv(const std::string& model_dir, int64_t epochs_done);
   void append(const MetricsRow& row) const;
   const std::string& path() const { return path_; }

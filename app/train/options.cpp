@@ -50,6 +50,7 @@ std::string TrainOptions::describe() const {
      << "lr_step = " << lr_step << "\n"
      << "lr_gamma = " << lr_gamma << "\n"
      << "threshold = " << threshold << "\n"
+     << "tolerance = " << tolerance << "\n"
      << "val_every = " << val_every << "\n"
      << "best_metric = " << best_metric << "\n"
      << "pos_weight = " << use_pos_weight << "\n"
@@ -201,8 +202,12 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "focal-gamma", po::value(&o.focal_gamma)->default_value(o.focal_gamma),
       "focal loss: focusing exponent (0 with --focal-alpha -1: BCE)")(
       "threshold", po::value(&o.threshold)->default_value(o.threshold),
-      "probability threshold for IoU")("seed", po::value(&o.seed)->default_value(o.seed),
-                                       "seed of init, shuffling and augmentation")(
+      "probability threshold for IoU")(
+      "tolerance", po::value(&o.tolerance)->default_value(o.tolerance),
+      "pixels: validation's ODS/OIS/AP (threshold sweep) count a predicted crack pixel within this "
+      "distance of a true one as right, and a true one with a prediction this close as found")(
+      "seed", po::value(&o.seed)->default_value(o.seed),
+      "seed of init, shuffling and augmentation")(
       "max-steps", po::value(&o.max_steps)->default_value(o.max_steps),
       "stop each epoch after N steps (-1: all)");
   po::options_description exec("Devices");
@@ -352,6 +357,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(o.lr_step >= 1, "--lr-step must be at least 1, got ", o.lr_step);
   require(o.lr_gamma > 0 && o.lr_gamma <= 1, "--lr-gamma must be in (0, 1], got ", o.lr_gamma);
   require(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got ", o.threshold);
+  require(o.tolerance >= 0 && o.tolerance <= 32, "--tolerance must be in [0, 32] pixels, got ",
+          o.tolerance);
   require(o.loss == "bce" || o.loss == "dice" || o.loss == "bce+dice" || o.loss == "focal",
           "--loss must be bce, dice, bce+dice or focal, got '", o.loss, "'");
   require(o.focal_alpha <= 1, "--focal-alpha must be <= 1 (< 0: off), got ", o.focal_alpha);

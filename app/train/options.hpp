@@ -56,8 +56,9 @@ struct TrainOptions {
   int skip_nonfinite_steps = 0;      // steps with a non-finite loss/gradient skipped before a stop
   int lr_step = 30;                  // epochs between x lr_gamma
   double lr_gamma = 0.1;
-  double threshold = 0.5;                  // for IoU, Dice, precision, recall
-  int val_every = 1;                       // epochs between validations (and the last epoch)
+  double threshold = 0.5;  // for IoU, Dice, precision, recall
+  int tolerance = 0;  // pixels: ODS/OIS/AP count a crack pixel this close to a true one as right
+  int val_every = 1;  // epochs between validations (and the last epoch)
   std::string best_metric = "valid_loss";  // valid_loss | iou | dice: chooses model_best.h5
   bool use_pos_weight = false;
   std::string loss = "bce";   // bce | dice | bce+dice | focal (train/loss.hpp)

@@ -28,6 +28,7 @@
 #include "train/optimization.hpp"
 #include "train/report.hpp"
 #include "train/retention.hpp"
+#include "train/sweep_metrics.hpp"
 #include "train/tensorboard.hpp"
 #include "train/validation_samples.hpp"
 #ifdef DP_WITH_CUDA
@@ -728,19 +729,29 @@ void Trainer::check_sync() {
 }
 
 EpochMetrics Trainer::validate() {
-  EpochMetrics m;
-  if (!val_loader_) return m;
+  if (!val_loader_) return {};
   data::DistributedSampler sampler(val_loader_->dataset_size(), comm_.rank(), comm_.size(),
                                    {.shuffle = false, .pad = false, .drop_last = false, .seed = 0});
   const float logit_threshold = float(std::log(opt_.threshold / (1.0 - opt_.threshold)));
   double sums[2] = {0, 0};
   int64_t counts[4] = {0, 0, 0, 0};
-  model_->set_training(false);  // running batch-norm statistics, no dropout
+  ThresholdSweep sweep(opt_.tolerance);
+  std::vector<float> host_logits;  // a device backend's logits, for the sweep
+  model_->set_training(false);     // running batch-norm statistics, no dropout
   val_loader_->start(sampler.indices(0), 0);
   while (const data::Batch* b = val_loader_->next()) {
     const int64_t pixels = int64_t(b->n) * height_ * width_;
     const BatchTensors in = to_backend(*b);
     const float* logits = model_->forward(in.images, b->n);
+    const float* swept = logits;
+    if (DeviceMemory* device = backend_->device_memory()) {
+      host_logits.resize(size_t(pixels));
+      device->download(host_logits.data(), logits, size_t(pixels) * sizeof(float));
+      swept = host_logits.data();
+    }
+    const int64_t image = int64_t(height_) * width_;
+    for (int i = 0; i < b->n; ++i)
+      sweep.add_image(swept + i * image, b->masks + i * image, height_, width_);
     sums[0] += loss_->sum(*backend_, b->n, int64_t(height_) * width_, logits, in.masks, 0,
                           diff_logits_.f32());
     sums[1] += double(pixels);
@@ -750,7 +761,12 @@ EpochMetrics Trainer::validate() {
   const auto waiting = watch("validation metric reduction");
   comm_.allreduce_sum(sums, 2);
   comm_.allreduce_sum(counts, 4);
-  return epoch_metrics(sums, counts);
+  comm_.allreduce_sum(sweep.counts().data(), sweep.counts().size());
+  comm_.allreduce_sum(sweep.sums().data(), sweep.sums().size());
+  EpochMetrics m = epoch_metrics(sums, counts);
+  const SweepResult r = sweep.result();
+  m.ods = r.ods, m.ods_threshold = r.ods_threshold, m.ois = r.ois, m.ap = r.ap;
+  return m;
 }
 
 bool Trainer::save_epoch(const EpochMetrics& train, const EpochMetrics& valid, double seconds,
@@ -801,7 +817,11 @@ void Trainer::log_epoch_events(const EpochMetrics& train, const EpochMetrics& va
                                {"valid/iou", valid.iou},
                                {"valid/dice", valid.dice},
                                {"valid/precision", valid.precision},
-                               {"valid/recall", valid.recall}});
+                               {"valid/recall", valid.recall},
+                               {"valid/ods", valid.ods},
+                               {"valid/ods_threshold", valid.ods_threshold},
+                               {"valid/ois", valid.ois},
+                               {"valid/ap", valid.ap}});
   if (!samples_) return;
   const std::vector<ValidationSamples::Prediction> predictions = samples_->predict(*model_);
   for (size_t k = 0; k < predictions.size(); ++k) {
@@ -946,7 +966,8 @@ int Trainer::run() {
         // of the epochs done before this one, so a resumed run continues it.
         if (!metrics_csv_) metrics_csv_ = std::make_unique<MetricsCsv>(opt_.model_dir, epoch);
         metrics_csv_->append({epoch + 1, lr, train.loss, valid.loss, valid.iou, valid.dice,
-                              valid.precision, valid.recall, images_per_s, seconds});
+                              valid.precision, valid.recall, images_per_s, seconds, valid.ods,
+                              valid.ods_threshold, valid.ois, valid.ap});
       } catch (const std::exception& e) {
         log_.warn(e.what());
       }
@@ -955,7 +976,9 @@ int Trainer::run() {
         "epoch ", epoch + 1, "/", opt_.epochs, "  lr ", lr, "  train_loss ", fixed(train.loss, 4),
         validating ? str_cat("  valid_loss ", fixed(valid.loss, 4), "  valid_iou ",
                              fixed(valid.iou, 4), "  dice ", fixed(valid.dice, 4), "  precision ",
-                             fixed(valid.precision, 4), "  recall ", fixed(valid.recall, 4))
+                             fixed(valid.precision, 4), "  recall ", fixed(valid.recall, 4),
+                             "  ods ", fixed(valid.ods, 4), " (t ", fixed(valid.ods_threshold, 2),
+                             ")  ois ", fixed(valid.ois, 4), "  ap ", fixed(valid.ap, 4))
                    : std::string("  (not validated)"),
         "  ", fixed(seconds, 1), " s  ", fixed(images_per_s, 1), " img/s",
         state_.best_epoch == state_.epoch ? "  *best" : "");

@@ -1,6 +1,7 @@
 // dp::app::Trainer: data-parallel training loop, validation, checkpointing and resume.
 #pragma once
 
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,6 +40,8 @@ struct EpochMetrics {
   double dice = 0, precision = 0, recall = 0;  // likewise from the reduced counts
   int64_t samples = 0;
   double allreduce_wait_ms = 0;  // training: per step, rank 0's wait after backward
+  // Validation only: ODS, OIS and AP over the threshold sweep (--tolerance); NaN otherwise.
+  double ods = std::numeric_limits<double>::quiet_NaN(), ods_threshold = ods, ois = ods, ap = ods;
   bool preempted = false;  // training only: stopped mid-epoch by a signal (checkpoint written)
 };
 

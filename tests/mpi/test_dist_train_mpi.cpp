@@ -37,6 +37,7 @@ app::TrainOptions options(const std::string& data, const std::string& model_dir,
   o.seed = 5;
   o.epochs = 1;
   o.threshold = 0.35;  // after one epoch some pixels are above it and some below: IoU not trivial
+  o.tolerance = 1;     // ODS/OIS/AP with the tolerance's neighbourhoods
   return o;
 }
 
@@ -101,6 +102,17 @@ void expect_world_size_independent(const std::string& precision, const std::stri
   EXPECT_EQ(valid_1.samples, kVal);
   EXPECT_NEAR(valid_w.loss, valid_1.loss, 1e-6 * valid_1.loss);
   EXPECT_NEAR(valid_w.iou, valid_1.iou, 1e-6);
+  // The threshold sweep: counts summed over ranks, so only the logits' rounding differs.
+  std::printf(
+      "[%s %s np %d vs np 1] ods %.9f vs %.9f (t %.2f vs %.2f), ois %.9f vs %.9f, "
+      "ap %.9f vs %.9f\n",
+      precision.c_str(), loss.c_str(), W, valid_w.ods, valid_1.ods, valid_w.ods_threshold,
+      valid_1.ods_threshold, valid_w.ois, valid_1.ois, valid_w.ap, valid_1.ap);
+  EXPECT_GT(valid_1.ap, 0.0);
+  EXPECT_NEAR(valid_w.ods, valid_1.ods, 1e-6);
+  EXPECT_EQ(valid_w.ods_threshold, valid_1.ods_threshold);
+  EXPECT_NEAR(valid_w.ois, valid_1.ois, 1e-6);
+  EXPECT_NEAR(valid_w.ap, valid_1.ap, 1e-6);
 }
 
 TEST(DistTrain, ResultsDoNotDependOnTheWorldSize) {

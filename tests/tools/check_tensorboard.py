@@ -109,7 +109,9 @@ def main():
     expect(len(rows) == a.epochs, f"metrics.csv has {len(rows)} rows")
     columns = {"epoch/train_loss": "train_loss", "epoch/lr": "lr", "epoch/images_per_s": "img_per_s",
                "epoch/seconds": "seconds", "valid/loss": "valid_loss", "valid/iou": "iou",
-               "valid/dice": "dice", "valid/precision": "precision", "valid/recall": "recall"}
+               "valid/dice": "dice", "valid/precision": "precision", "valid/recall": "recall",
+               "valid/ods": "ods", "valid/ods_threshold": "ods_threshold", "valid/ois": "ois",
+               "valid/ap": "ap"}
     for tag, column in columns.items():
         events = run.Scalars(tag)
         expect(steps(events) == epoch_steps, f"{tag}: steps {steps(events)}, expected {epoch_steps}")

@@ -8,8 +8,10 @@
 
 #include "dp/checkpoint.hpp"
 #include "dp/model.hpp"
+#include "golden_util.hpp"
 #include "test_util.hpp"
 #include "train/metrics.hpp"
+#include "train/sweep_metrics.hpp"
 
 namespace dp {
 namespace {
@@ -36,19 +38,59 @@ TEST(Metrics, FromConfusionCounts) {
   EXPECT_EQ(empty.recall(), 0.0);
 }
 
+// ODS, OIS, AP and the precision-recall curve against the NumPy/SciPy reference
+// (tools/reference/sweep_metrics.py -> tests/golden/sweep_metrics.h5), tolerance 0, 1 and 2 px;
+// the counts summed from two halves of the images (two ranks) give the same result.
+TEST(Metrics, ThresholdSweepMatchesTheReference) {
+  const test::Golden g{std::string(DP_GOLDEN_DIR) + "/sweep_metrics.h5"};
+  const std::vector<float> logits = g.read("logits"), mask = g.read("mask");
+  const std::vector<int64_t> shape = g.shape("logits");
+  const int n = int(shape[0]), h = int(shape[1]), w = int(shape[2]);
+  const size_t image = size_t(h) * size_t(w);
+  for (const int r : {0, 1, 2}) {
+    SCOPED_TRACE(r);
+    const std::string c = "tolerance" + std::to_string(r);
+    app::ThresholdSweep all(r), first(r), second(r);
+    for (int i = 0; i < n; ++i) {
+      all.add_image(logits.data() + i * image, mask.data() + i * image, h, w);
+      (i < n / 2 ? first : second)
+          .add_image(logits.data() + i * image, mask.data() + i * image, h, w);
+    }
+    for (size_t k = 0; k < first.counts().size(); ++k) first.counts()[k] += second.counts()[k];
+    first.sums()[0] += second.sums()[0];
+    for (const app::ThresholdSweep* s : {&all, &first}) {
+      const app::SweepResult got = s->result();
+      std::printf("[sweep] tolerance %d: ods %.6f at %.2f, ois %.6f, ap %.6f\n", r, got.ods,
+                  got.ods_threshold, got.ois, got.ap);
+      EXPECT_NEAR(got.ods, g.attr_double(c, "ods"), 1e-12);
+      EXPECT_EQ(got.ods_threshold, g.attr_double(c, "ods_threshold"));
+      EXPECT_NEAR(got.ois, g.attr_double(c, "ois"), 1e-12);
+      EXPECT_NEAR(got.ap, g.attr_double(c, "ap"), 1e-12);
+      std::vector<double> precision, recall;
+      s->curve(precision, recall);
+      const std::vector<float> want_p = g.read(c + "/precision"), want_r = g.read(c + "/recall");
+      ASSERT_EQ(precision.size(), want_p.size());
+      for (size_t k = 0; k < precision.size(); ++k) {
+        EXPECT_NEAR(precision[k], want_p[k], 1e-6) << "threshold " << k + 1;
+        EXPECT_NEAR(recall[k], want_r[k], 1e-6) << "threshold " << k + 1;
+      }
+    }
+  }
+}
+
 TEST(Metrics, CsvHeaderOnceAndRowsKeptInStepWithTheCheckpoint) {
   test::TempDir dir;
   {
     app::MetricsCsv csv(dir.path(), 0);
-    csv.append({1, 0.05, 0.7, 0.6, 0.1, 0.2, 0.3, 0.4, 50.0, 1.5});
-    csv.append({2, 0.05, 0.6, std::nan(""), std::nan(""), std::nan(""), std::nan(""), std::nan(""),
-                50.0, 1.5});
+    csv.append({1, 0.05, 0.7, 0.6, 0.1, 0.2, 0.3, 0.4, 50.0, 1.5, 0.45, 0.3, 0.5, 0.35});
+    const double nan = std::nan("");
+    csv.append({2, 0.05, 0.6, nan, nan, nan, nan, nan, 50.0, 1.5, nan, nan, nan, nan});
   }
   auto l = lines(dir.file("metrics.csv"));
   ASSERT_EQ(l.size(), 3u);
   EXPECT_EQ(l[0], app::MetricsCsv::kHeader);
-  EXPECT_EQ(l[1], "1,0.05,0.7,0.6,0.1,0.2,0.3,0.4,50,1.5");
-  EXPECT_EQ(l[2], "2,0.05,0.6,,,,,,50,1.5");  // not validated: empty fields
+  EXPECT_EQ(l[1], "1,0.05,0.7,0.6,0.1,0.2,0.3,0.4,50,1.5,0.45,0.3,0.5,0.35");
+  EXPECT_EQ(l[2], "2,0.05,0.6,,,,,,50,1.5,,,,");  // not validated: empty fields
   // Resuming from epoch 1 drops epoch 2's row; a fresh start (0 done) keeps only the header.
   app::MetricsCsv(dir.path(), 1).append({2, 0.05, 0.5, 0.4, 0.1, 0.2, 0.3, 0.4, 60.0, 1.0});
   l = lines(dir.file("metrics.csv"));
@@ -56,6 +98,15 @@ TEST(Metrics, CsvHeaderOnceAndRowsKeptInStepWithTheCheckpoint) {
   EXPECT_EQ(l[2].substr(0, 9), "2,0.05,0.");
   app::MetricsCsv(dir.path(), 0);
   EXPECT_EQ(lines(dir.file("metrics.csv")).size(), 1u);
+  // A file of an older dptrain (no ods..ap columns): its rows get empty fields for them.
+  std::ofstream(dir.file("metrics.csv"))
+      << "epoch,lr,train_loss,valid_loss,iou,dice,precision,recall,img_per_s,seconds\n"
+      << "1,0.05,0.7,0.6,0.1,0.2,0.3,0.4,50,1.5\n";
+  app::MetricsCsv(dir.path(), 1);
+  l = lines(dir.file("metrics.csv"));
+  ASSERT_EQ(l.size(), 2u);
+  EXPECT_EQ(l[0], app::MetricsCsv::kHeader);
+  EXPECT_EQ(l[1], "1,0.05,0.7,0.6,0.1,0.2,0.3,0.4,50,1.5,,,,");
 }
 
 TEST(Metrics, CheckpointKeepsBestMetricHistoriesAndMidEpochPosition) {

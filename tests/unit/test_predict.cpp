@@ -330,6 +330,15 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   EXPECT_GT(m.tp, 0);  // cracks found, and both classes predicted
   EXPECT_GT(m.pixels - m.tp - m.fp, 0);
   EXPECT_NEAR(m.iou(), validation.iou, kIouTol) << "threshold " << threshold;
+  // The threshold sweep of the same predictions (tolerance 0, dptrain's default): dppredict's
+  // float probabilities against validation's logits (sigmoid in double), so a pixel within float
+  // rounding of one of the 99 thresholds may fall on its other side (measured: 5e-6 on OIS).
+  constexpr double kSweepTol = 1e-4;
+  EXPECT_GT(validation.ap, 0.0);
+  EXPECT_NEAR(m.sweep.ods, validation.ods, kSweepTol);
+  EXPECT_NEAR(m.sweep.ods_threshold, validation.ods_threshold, 1e-9);
+  EXPECT_NEAR(m.sweep.ois, validation.ois, kSweepTol);
+  EXPECT_NEAR(m.sweep.ap, validation.ap, kSweepTol);
   EXPECT_NEAR(m.dice(), 2.0 * double(m.tp) / double(std::max<int64_t>(1, 2 * m.tp + m.fp + m.fn)),
               1e-12);
   r = test::run_command(
@@ -338,6 +347,7 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   EXPECT_NEAR(printed(r.output, "iou"), validation.iou, kIouTol) << r.output;
   EXPECT_NEAR(printed(r.output, "precision"), m.precision(), kIouTol) << r.output;
   EXPECT_NEAR(printed(r.output, "recall"), m.recall(), kIouTol) << r.output;
+  EXPECT_NEAR(printed(r.output, "ap"), m.sweep.ap, 1e-7) << r.output;  // 2 ranks: the same
 }
 
 // --precision bf16: the probabilities of the fp32 model with bf16 activations differ from fp32's
