@@ -425,6 +425,10 @@ int run_info(const std::vector<std::string>& args) {
               << (s.gzip_level > 0 ? std::to_string(s.gzip_level) : std::string("none")) << "\n"
               << "    masks  uint8 [" << s.count << "," << s.height << "," << s.width << "] chunks "
               << chunk_text(s.mask_chunk, {s.height, s.width}) << "\n";
+    if (s.sources > 0) {
+      std::cout << "    source, origin: the file and position of each sample, from " << s.sources
+                << " source image(s)\n";
+    }
   }
   for (const auto& [name, value] : info.attributes) {
     std::cout << "  " << name << " = " << value << "\n";

@@ -635,6 +635,10 @@ DatasetInfo inspect_dataset(const std::string& path, const ProgressFn& progress)
       if (progress) progress("checking masks", ++done, total);
     }
     s.pixels = pixels * d.size();
+    std::vector<std::string> names;
+    for (SampleSource& src : d.read_sources()) names.push_back(std::move(src.name));
+    std::sort(names.begin(), names.end());
+    s.sources = std::unique(names.begin(), names.end()) - names.begin();
     info.splits.push_back(std::move(s));
   }
   return info;

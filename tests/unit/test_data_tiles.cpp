@@ -577,6 +577,7 @@ TEST(LoaderCrop, RandomCropsAreWindowsDrawnFromSeedEpochAndIndex) {
   LoaderOptions plain = crop_options(6, 1, "", "");
   plain.augment = data::Augment::kNone;
   Loader stored(path, "train", plain);
+  EXPECT_TRUE(Dataset(path, "train").read_sources().empty());  // a file without sources
   const Samples full = run_epoch(stored, order, 0);
 
   LoaderOptions o = crop_options(2, 1, "16x16", "");
@@ -669,6 +670,10 @@ TEST_F(TilesCli, MixedSizesAndLargePhotographsTrainOnTwoRanks) {
   r = run(std::string(DP_DPPREP) + " info " + dir_.file("mixed.h5"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "tile_height = 32")) << r.output;
+  EXPECT_TRUE(contains(r.output,
+                       "source, origin: the file and position of each sample, from 3 "
+                       "source image(s)"))
+      << r.output;
 
   // "Large photographs" (for a unit test: 192x256 and 256x320 JPEGs) cut into 64x64 tiles,
   // trained on 32x32 random crops with scale jitter.

@@ -69,6 +69,7 @@ struct SplitInfo {
   int gzip_level = 0;                            // of the images; 0 = none
   int64_t crack_pixels = 0, pixels = 0;          // over every mask of the split
   int64_t with_cracks = 0;                       // samples with at least one crack pixel
+  int64_t sources = 0;  // distinct source files (/<split>/source); 0 if the file records none
 };
 
 struct DatasetInfo {
