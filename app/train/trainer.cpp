@@ -436,8 +436,10 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     // The images' size is the dataset's fault; any other setup error (device memory) is not.
     const int multiple = model_->size_multiple();
     if (height_ % multiple != 0 || width_ % multiple != 0)
-      throw UsageError(str_cat("dataset '", data_path_, "': images are ", height_, "x", width_,
-                               " (HxW); model ", opt_.model,
+      throw UsageError(str_cat(opt_.random_crop.empty()
+                                   ? str_cat("dataset '", data_path_, "': images are ")
+                                   : std::string("--random-crop: crops are "),
+                               height_, "x", width_, " (HxW); model ", opt_.model,
                                " needs a height and width that are multiples of ", multiple));
     model_->setup(opt_.batch_size, height_, width_);
     optim_ = make_optimizer(opt_, model_->params(), *backend_);
@@ -495,7 +497,8 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
   if ((opt_.report || opt_.tensorboard) && val_loader_)
     on_root(comm_, "validation samples", [&] {
       samples_ = std::make_shared<ValidationSamples>(
-          data_path_, Normalization{train_loader_->mean(), train_loader_->std()}, opt_.threshold);
+          data_path_, Normalization{train_loader_->mean(), train_loader_->std()}, opt_.threshold,
+          height_, width_);
     });
   if (opt_.report)
     on_root(comm_, "--report",

@@ -17,19 +17,31 @@ constexpr uint8_t kMaskOn = 255;
 }  // namespace
 
 ValidationSamples::ValidationSamples(const std::string& data_path,
-                                     const Normalization& normalization, double threshold)
+                                     const Normalization& normalization, double threshold,
+                                     int height, int width)
     : logit_threshold_(float(std::log(threshold / (1.0 - threshold)))) {
   const data::Dataset val(data_path, "val");
   const NormalizationLut lut = normalization_lut(normalization);
   const int64_t n = std::min<int64_t>(kCount, val.size());
-  const int h = val.height(), w = val.width();
+  const int sh = val.height(), sw = val.width(), h = height, w = width;
+  DP_CHECK(h <= sh && w <= sw, "validation samples: a ", h, "x", w, " crop of ", sh, "x", sw,
+           " images");
+  const int y0 = (sh - h) / 2, x0 = (sw - w) / 2;  // the loader's centred window
   const size_t pixels = size_t(h) * size_t(w);
+  std::vector<uint8_t> stored(size_t(sh) * size_t(sw) * kChannels),
+      stored_mask(size_t(sh) * size_t(sw));
   for (int64_t k = 0; k < n; ++k) {
     Sample s;
     s.index = k * val.size() / n;
     s.image = data::Image{w, h, kChannels, std::vector<uint8_t>(pixels * kChannels)};
     s.mask.resize(pixels);
-    val.read(s.index, s.image.pixels.data(), s.mask.data());
+    val.read(s.index, stored.data(), stored_mask.data());
+    for (int y = 0; y < h; ++y) {
+      const size_t from = size_t(y0 + y) * size_t(sw) + size_t(x0), to = size_t(y) * size_t(w);
+      std::copy_n(stored.begin() + ptrdiff_t(from * kChannels), size_t(w) * kChannels,
+                  s.image.pixels.begin() + ptrdiff_t(to * kChannels));
+      std::copy_n(stored_mask.begin() + ptrdiff_t(from), size_t(w), s.mask.begin() + ptrdiff_t(to));
+    }
     s.input.resize(pixels * kChannels);
     for (size_t i = 0; i < pixels * kChannels; ++i)
       s.input[i] = lut[i % kChannels][s.image.pixels[i]];

@@ -29,9 +29,11 @@ class ValidationSamples {
   };
 
   // Reads kCount samples evenly spaced over the "val" split of `data_path` (the same every
-  // epoch), normalised as training does. Throws dp::Error naming the file on a read error.
+  // epoch), normalised as training does, and keeps their centred height x width crop (the
+  // validation loader's window with --random-crop; the whole image otherwise). Throws dp::Error
+  // naming the file on a read error.
   ValidationSamples(const std::string& data_path, const Normalization& normalization,
-                    double threshold);
+                    double threshold, int height, int width);
 
   const std::vector<Sample>& samples() const { return samples_; }
   // Predictions of `model` in evaluation mode (its mode is restored), one per sample.

@@ -100,6 +100,12 @@ TEST_F(Cli, ImageSizeNotMultipleOf32IsRejected) {
   EXPECT_EQ(count(r.output, "dptrain: error:"), 1) << r.output;
   EXPECT_NE(r.output.find("multiples of 32"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(odd), std::string::npos) << r.output;
+  // A crop of such a size is the crop's fault, not the dataset's (whose 32x32 images are fine).
+  const auto crop = test::run_command(
+      dptrain(2, "--data " + data_ + " --width-divisor 16 --random-crop 16x16 --model-dir " +
+                     dir_.file("run2")));
+  EXPECT_EQ(crop.status, 2) << crop.output;
+  EXPECT_NE(crop.output.find("--random-crop: crops are 16x16"), std::string::npos) << crop.output;
 }
 
 TEST_F(Cli, UnwritableModelDirAndCudaWithoutBackend) {
@@ -174,8 +180,9 @@ TEST_F(Cli, TrainsCheckpointsResumesAndFinishes) {
 // used to fail with "cannot create directories: Invalid argument []").
 TEST_F(Cli, SyntheticCacheInTheWorkingDirectory) {
   const auto r = test::run_command("cd " + dir_.path() + " && " +
-                                   dptrain(1, "--synth-cache synth.h5 --width-divisor 16 "
-                                              "--epochs 1 --max-steps 1 --model-dir run"));
+                                   dptrain(1,
+                                           "--synth-cache synth.h5 --width-divisor 16 "
+                                           "--epochs 1 --max-steps 1 --model-dir run"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(std::filesystem::exists(dir_.file("synth.h5")));
 }

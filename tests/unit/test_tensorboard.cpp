@@ -240,6 +240,31 @@ TEST_F(TensorBoardRun, PreemptedAndKilledRunsReadBackAsOneContinuousCurve) {
   EXPECT_EQ(r.status, 0) << r.output;
 }
 
+// --random-crop: the model sees 32x32 crops, so the samples shown are validation's centred crops
+// (they were whole 64x64 images, fed to a model set up for 32x32).
+TEST_F(TensorBoardRun, SamplesAreValidationsCentredCrop) {
+  const std::string data = dir_.file("tiny64.h5");
+  test::write_tiny_dataset(data, 8, 4, 64);
+  const auto r = test::run_command(std::string(DP_MPIEXEC) + " -n 1 " + DP_DPTRAIN + " --data " +
+                                   data + " --width-divisor 16 --batch-size 2 --epochs 1 " +
+                                   "--random-crop 32x32 --tensorboard --model-dir " +
+                                   dir_.file("crop"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::string bytes = read_bytes(event_file(dir_.file("crop/tb")));
+  int images = 0;
+  for (const std::string& rec : app::scan_records(bytes).records) {
+    tb::Event e;
+    ASSERT_TRUE(e.ParseFromString(rec));
+    for (const auto& v : e.summary().value()) {
+      if (!v.has_image()) continue;
+      ++images;
+      EXPECT_EQ(v.image().height(), 32) << v.tag();
+      EXPECT_EQ(v.image().width(), 3 * 32 + 2 * 4) << v.tag();  // three panels, two gaps
+    }
+  }
+  EXPECT_EQ(images, 4);
+}
+
 TEST_F(TensorBoardRun, NoEventsWithoutTheOption) {
   const auto r = test::run_command(std::string(DP_MPIEXEC) + " -n 1 " + DP_DPTRAIN + " --data " +
                                    data_ + " --width-divisor 16 --batch-size 2 --epochs 1 " +
