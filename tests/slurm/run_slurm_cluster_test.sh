@@ -179,9 +179,23 @@ EOC
 log "starting slurmctld on node1 and a slurmd on node1 and node2"
 ctl slurmctld -c -f "$SLURM_CONF" >"$tmp/log/slurmctld.out" 2>&1 ||
   { cat "$tmp/log/slurmctld.out"; skip_daemons "slurmctld cannot start here"; }
+# What the jobs run from /tmp (a checkout or build there, as a CI clone may be) stays visible
+# at the same path in each node's own /tmp.
+under_tmp=()
+for p in "$repo" "$(dirname "$DPTRAIN")" "$(dirname "$DPPREP")"; do
+  [[ $p == /tmp/* ]] || continue
+  covered=0
+  for q in "${under_tmp[@]}"; do [[ $p == "$q" || $p == "$q"/* ]] && covered=1; done
+  ((covered)) || under_tmp+=("$p")
+done
 for i in 1 2; do
+  binds=""
+  for p in "${under_tmp[@]}"; do
+    mkdir -p "$tmp/nodetmp/node$i${p#/tmp}"
+    binds+="mount --bind '$p' '$tmp/nodetmp/node$i${p#/tmp}' && "
+  done
   on_node "$i" unshare --mount --propagation private sh -c \
-    "mount --bind '$tmp/nodetmp/node$i' /tmp && exec slurmd -f '$SLURM_CONF'" \
+    "${binds}mount --rbind '$tmp/nodetmp/node$i' /tmp && exec slurmd -f '$SLURM_CONF'" \
     >"$tmp/log/slurmd-node$i.out" 2>&1 ||
     { cat "$tmp/log/slurmd-node$i.out"; skip_daemons "slurmd cannot start on node$i"; }
 done
