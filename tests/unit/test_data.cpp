@@ -21,8 +21,12 @@
 #include "dp/rng.hpp"
 #include "dp/sampler.hpp"
 #include "dp/synth.hpp"
+#include "test_util.hpp"
 
 namespace {
+
+using dp::test::contains;
+using dp::test::error_of;
 
 namespace fs = std::filesystem;
 using dp::data::DistributedSampler;
@@ -54,17 +58,6 @@ class TempDir {
 };
 
 // Runs `f` and returns the dp::Error message it throws (fails the test if it does not throw).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const dp::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a dp::Error";
-  return "";
-}
-
 // Deterministic, position-dependent test content for sample i.
 uint8_t pixel_value(int64_t i, int y, int x, int c) {
   return static_cast<uint8_t>((i * 37 + y * 11 + x * 5 + c * 3) % 256);
@@ -112,10 +105,6 @@ void write_raw(const std::string& path, const std::string& format,
   f.set_attr("pos_weight", 2.0);
   dp::h5::Dataset::create(f, "train/images", image_type, image_shape);
   dp::h5::Dataset::create(f, "train/masks", dp::h5::Type::kUint8, mask_shape);
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 // ---------------------------------------------------------------------------------------------

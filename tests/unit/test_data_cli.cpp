@@ -14,16 +14,14 @@
 namespace dp {
 namespace {
 
+using dp::test::contains;
+
 namespace fs = std::filesystem;
 
 int count(const std::string& text, const std::string& what) {
   int n = 0;
   for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
   return n;
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 class DataCli : public ::testing::Test {

@@ -24,6 +24,9 @@
 namespace dp {
 namespace {
 
+using dp::test::contains;
+using dp::test::error_of;
+
 namespace fs = std::filesystem;
 using data::BuildOptions;
 using data::Dataset;
@@ -31,21 +34,6 @@ using data::Image;
 using data::Loader;
 using data::LoaderOptions;
 using data::PixelFormat;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a dp::Error";
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 int count(const std::string& text, const std::string& what) {
   int n = 0;

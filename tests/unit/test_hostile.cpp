@@ -23,22 +23,10 @@
 
 namespace {
 
+using dp::test::contains;
+using dp::test::error_of;
+
 using dp::test::TempDir;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const dp::Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a dp::Error";
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 // A dataset v1 file whose splits are declared with `n` samples of `side` x `side` and no data
 // written: HDF5 allocates nothing, so the file is a few KB whatever it claims.

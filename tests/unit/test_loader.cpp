@@ -22,14 +22,12 @@
 namespace dp {
 namespace {
 
+using dp::test::contains;
+
 namespace fs = std::filesystem;
 using data::Augment;
 using data::Loader;
 using data::LoaderOptions;
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 // A dataset of random images and random (asymmetric) masks: every flip or rotation of a mask
 // differs from the others.

@@ -20,25 +20,13 @@
 namespace dp {
 namespace {
 
+using dp::test::contains;
+using dp::test::error_of;
+
 namespace fs = std::filesystem;
 using data::BuildOptions;
 using data::Image;
 using data::PixelFormat;
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected a dp::Error";
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
 
 // A smooth RGB test image (JPEG-friendly) and a gradient.
 std::vector<uint8_t> smooth_rgb(int w, int h) {

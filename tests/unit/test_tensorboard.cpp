@@ -245,10 +245,10 @@ TEST_F(TensorBoardRun, PreemptedAndKilledRunsReadBackAsOneContinuousCurve) {
 TEST_F(TensorBoardRun, SamplesAreValidationsCentredCrop) {
   const std::string data = dir_.file("tiny64.h5");
   test::write_tiny_dataset(data, 8, 4, 64);
-  const auto r = test::run_command(std::string(DP_MPIEXEC) + " -n 1 " + DP_DPTRAIN + " --data " +
-                                   data + " --width-divisor 16 --batch-size 2 --epochs 1 " +
-                                   "--random-crop 32x32 --tensorboard --model-dir " +
-                                   dir_.file("crop"));
+  const auto r =
+      test::run_command(std::string(DP_MPIEXEC) + " -n 1 " + DP_DPTRAIN + " --data " + data +
+                        " --width-divisor 16 --batch-size 2 --epochs 1 " +
+                        "--random-crop 32x32 --tensorboard --model-dir " + dir_.file("crop"));
   ASSERT_EQ(r.status, 0) << r.output;
   const std::string bytes = read_bytes(event_file(dir_.file("crop/tb")));
   int images = 0;

@@ -1,16 +1,36 @@
 // Helpers shared by dptrain's tests: temporary directories, tensor comparison, tiny datasets.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include "dp/error.hpp"
 
 namespace dp::mpi {
 class MpiComm;
 }
 
 namespace dp::test {
+
+// The message of the dp::Error that f() throws; a test failure (and "") when it throws none.
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a dp::Error";
+  return "";
+}
+
+inline bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 // main() of the MPI test binaries: initialises MPI, runs every test on every rank, and returns
 // non-zero on every rank if any rank failed. world() is the communicator inside those tests.
