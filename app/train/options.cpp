@@ -66,6 +66,7 @@ std::string TrainOptions::describe() const {
      << "cpu_conv = " << cpu_conv << "\n"
      << "bucket_mb = " << bucket_mb << "\n"
      << "overlap = " << overlap << "\n"
+     << "progress_us = " << progress_us << "\n"
      << "accumulation_steps = " << accumulation_steps << "\n"
      << "allow_gpu_sharing = " << allow_gpu_sharing << "\n"
      << "check_sync_every = " << check_sync_every << "\n"
@@ -234,6 +235,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   dist.add_options()("bucket-mb", po::value(&o.bucket_mb)->default_value(o.bucket_mb),
                      "gradient all-reduce bucket size in MiB (the first bucket is 1 MiB)")(
       "no-overlap", po::bool_switch(), "all-reduce gradients after backward, not during it")(
+      "progress-us", po::value(&o.progress_us)->default_value(o.progress_us),
+      "MPI all-reduce during backward: a thread advances the transfers every N microseconds "
+      "(0: only between layers; Open MPI moves TCP data only inside MPI calls)")(
       "accumulation-steps", po::value(&o.accumulation_steps)->default_value(1),
       "micro-batches of --batch-size per optimiser step (one all-reduce per step)")(
       "allow-gpu-sharing", po::bool_switch(&o.allow_gpu_sharing),
@@ -376,6 +380,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(valid_best_metric(o.best_metric), "--best-metric must be valid_loss, iou or dice, got '",
           o.best_metric, "'");
   require(o.bucket_mb > 0, "--bucket-mb must be positive, got ", o.bucket_mb);
+  require(o.progress_us >= 0 && o.progress_us <= 1000000,
+          "--progress-us must be between 0 and 1000000, got ", o.progress_us);
   require(o.accumulation_steps >= 1, "--accumulation-steps must be at least 1, got ",
           o.accumulation_steps);
   require(o.stall_timeout >= 0, "--stall-timeout must be >= 0 seconds (0: off), got ",

@@ -74,12 +74,13 @@ struct TrainOptions {
   std::string precision = "fp32";  // fp32 | bf16 (convolutions)
   std::string cpu_conv = "auto";   // auto | direct | winograd (dp::CpuConvAlgo)
   // distribution (issue 4)
-  double bucket_mb = 25.0;            // gradient all-reduce bucket size, MiB (first bucket: 1 MiB)
-  bool overlap = true;                // all-reduce buckets during backward (--no-overlap: after it)
-  int accumulation_steps = 1;         // micro-batches per optimiser step
-  bool allow_gpu_sharing = false;     // allow more ranks on a node than visible GPUs
-  int64_t check_sync_every = 0;       // steps between parameter-hash comparisons (0: never)
-  double stall_timeout = 600;         // seconds a collective may wait before the job ends (0: off)
+  double bucket_mb = 25.0;         // gradient all-reduce bucket size, MiB (first bucket: 1 MiB)
+  bool overlap = true;             // all-reduce buckets during backward (--no-overlap: after it)
+  int progress_us = 500;           // overlap: a thread advances the all-reduce every N us (0: off)
+  int accumulation_steps = 1;      // micro-batches per optimiser step
+  bool allow_gpu_sharing = false;  // allow more ranks on a node than visible GPUs
+  int64_t check_sync_every = 0;    // steps between parameter-hash comparisons (0: never)
+  double stall_timeout = 600;      // seconds a collective may wait before the job ends (0: off)
   bool bench_skip_allreduce = false;  // hidden, benchmarks only: no gradient communication
   bool bench_step_times = false;      // hidden, benchmarks only: per-step times, peak memory
   // checkpointing and output

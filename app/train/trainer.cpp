@@ -474,6 +474,7 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
   mpi::ReducerOptions ro;
   ro.bucket_mib = opt_.bucket_mb;
   ro.overlap = opt_.overlap;
+  ro.progress_us = opt_.progress_us;
   reducer_ = make_reducer(ro);
   log_.info(
       "gradients: ",

@@ -3,7 +3,12 @@
 #include "dp/grad_reducer.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include "dp/error.hpp"
 #include "dp/log.hpp"
@@ -31,11 +36,16 @@ std::string describe_plan(const char* how, const std::vector<Bucket>& buckets,
     if (buckets.size() > 1) s += str_cat(", then up to ", o.bucket_mib, " MiB");
     s += ")";
   }
-  return s + (o.overlap ? ", overlapping backward" : ", after backward (--no-overlap)");
+  s += o.overlap ? ", overlapping backward" : ", after backward (--no-overlap)";
+  if (o.overlap && o.progress_us > 0) s += str_cat(", progressed every ", o.progress_us, " us");
+  return s;
 }
 
-// MPI: each piece of a released bucket is summed by the ring or by one MPI_Iallreduce; every
-// grad_ready call advances them (ob1 moves data only inside MPI calls).
+// MPI: each piece of a released bucket is summed by the ring or by one MPI_Iallreduce. Open MPI's
+// ob1 moves data, and the ring posts its next step, only inside MPI calls: each grad_ready call
+// advances the pieces in flight, and (overlap with progress_us > 0) so does a progress thread
+// every progress_us while any are, since one convolution's backward can run for tens of ms
+// between two grad_ready calls. Everything that touches MPI state here holds mutex_.
 class MpiGradReducer final : public GradReducer {
  public:
   MpiGradReducer(const MpiComm& comm, const ParamStore& params, const ReducerOptions& options)
@@ -44,6 +54,8 @@ class MpiGradReducer final : public GradReducer {
         options_(options) {
     DP_CHECK(options.piece_elements > 0 && options.piece_elements <= INT32_MAX,
              "GradReducer: piece size ", options.piece_elements, " elements is out of range");
+    DP_CHECK(options.progress_us >= 0, "GradReducer: progress interval ", options.progress_us,
+             " us is negative");
     // Its own communicator: the reducer's messages never mix with the trainer's collectives.
     DP_MPI_CHECK(MPI_Comm_dup(comm.native(), &comm_));
     int64_t largest_piece = 0;
@@ -57,13 +69,30 @@ class MpiGradReducer final : public GradReducer {
       ring_ = std::make_unique<RingAllreduce>(comm_, largest_piece, kRingLanes);
     else
       requests_.reserve(pieces);
+    int level = MPI_THREAD_SINGLE;
+    DP_MPI_CHECK(MPI_Query_thread(&level));
+    if (options_.overlap && options_.progress_us > 0) {
+      // Other threads (the trainer's, the stall watchdog's) may call MPI at the same time.
+      if (level >= MPI_THREAD_MULTIPLE)
+        poller_ = std::thread([this] { poll(); });
+      else
+        options_.progress_us = 0;  // describe() then says nothing of a progress thread
+    }
   }
 
   // Work still pending here means an exception is unwinding the step (this or a peer rank
   // failed): it is neither waited for (a peer may be gone) nor freed (erroneous for
   // collectives); the app ends the job with MPI_Abort.
   ~MpiGradReducer() override {
-    const bool pending = !requests_.empty() || (ring_ && !ring_->idle());
+    if (poller_.joinable()) {
+      {
+        const std::lock_guard lock(mutex_);
+        stop_ = true;
+      }
+      wake_.notify_one();
+      poller_.join();
+    }
+    const bool pending = in_flight();
     if (pending) (void)ring_.release();  // leaked with its scratch: MPI may still write there
     if (!pending && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
@@ -71,20 +100,30 @@ class MpiGradReducer final : public GradReducer {
   MpiGradReducer& operator=(const MpiGradReducer&) = delete;
 
   void begin() override {
+    const std::lock_guard lock(mutex_);
     DP_CHECK(!active_, "GradReducer::begin() twice without wait()");
     plan_.reset();
     active_ = true;
   }
 
   void grad_ready(const ParamView& param) override {
-    DP_CHECK(active_, "GradReducer: gradient of '", param.name, "' reported outside begin/wait");
-    const auto [first, last] = plan_.mark_ready(param);
-    if (options_.overlap)
-      for (int b = first; b < last; ++b) issue(b);
-    progress();
+    bool issued = false;
+    {
+      const std::lock_guard lock(mutex_);
+      rethrow_poller_error();
+      DP_CHECK(active_, "GradReducer: gradient of '", param.name, "' reported outside begin/wait");
+      const auto [first, last] = plan_.mark_ready(param);
+      if (options_.overlap)
+        for (int b = first; b < last; ++b) issue(b);
+      issued = first < last;
+      progress();
+    }
+    if (issued && poller_.joinable()) wake_.notify_one();
   }
 
   void wait() override {
+    const std::lock_guard lock(mutex_);  // the poller sleeps until the next step's transfers
+    rethrow_poller_error();
     DP_CHECK(active_, "GradReducer::wait() without begin()");
     active_ = false;
     DP_CHECK(plan_.all_released(), "GradReducer: backward never reported the gradient of '",
@@ -120,6 +159,8 @@ class MpiGradReducer final : public GradReducer {
     }
   }
 
+  bool in_flight() const { return !requests_.empty() || (ring_ && !ring_->idle()); }
+
   void progress() {
     if (ring_) ring_->progress();
     if (requests_.empty()) return;
@@ -129,13 +170,43 @@ class MpiGradReducer final : public GradReducer {
     if (done) requests_.clear();
   }
 
+  // The progress thread: while backward runs with pieces in flight, advances them every
+  // progress_us (sleeping, not spinning: it shares the rank's cores with backward). A failure is
+  // kept for the trainer's thread, which rethrows it from its next call.
+  void poll() {
+    const auto interval = std::chrono::microseconds(options_.progress_us);
+    std::unique_lock lock(mutex_);
+    while (!stop_) {
+      if (!active_ || !in_flight() || poller_error_) {
+        wake_.wait(lock);
+        continue;
+      }
+      try {
+        progress();
+      } catch (...) {
+        poller_error_ = std::current_exception();
+        continue;
+      }
+      wake_.wait_for(lock, interval, [this] { return stop_; });
+    }
+  }
+
+  void rethrow_poller_error() {
+    if (poller_error_) std::rethrow_exception(std::exchange(poller_error_, nullptr));
+  }
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   float* grads_;
   BucketPlan plan_;
   ReducerOptions options_;
   std::unique_ptr<RingAllreduce> ring_;  // ReduceAlgorithm::kRing
   std::vector<MPI_Request> requests_;    // ReduceAlgorithm::kIallreduce: pieces in flight
-  bool active_ = false;
+  bool active_ = false;                  // between begin() and wait()
+  std::mutex mutex_;
+  std::condition_variable wake_;  // the poller: pieces were issued, or stop
+  bool stop_ = false;
+  std::exception_ptr poller_error_;
+  std::thread poller_;  // last: started after everything it reads
 };
 
 // Any other Comm (SelfComm in tests): one blocking all-reduce of the arena in wait(). The plan

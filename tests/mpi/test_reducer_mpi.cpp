@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 #include "dp/error.hpp"
@@ -145,6 +147,60 @@ TEST(GradReducer, NoOverlapIsExact) {
 TEST(GradReducer, OutOfOrderReadinessReleasesBucketsInOrder) {
   // Every bucket becomes complete only at the end; they must still be issued 0, 1, 2, ...
   expect_exact(buckets_of(0.05), true);
+}
+
+TEST(GradReducer, ProgressThreadPollingEveryMicrosecondIsExact) {
+  ReducerOptions o = buckets_of(0.004);
+  o.progress_us = 1;  // the thread takes the lock as often as it can, between grad_ready calls
+  expect_exact(o, false);
+  o.progress_us = 0;  // no thread: grad_ready and wait() alone
+  expect_exact(o, false);
+}
+
+// Backward's long convolutions make no MPI call: the progress thread alone must finish the sums
+// of buckets released before them. Every bucket is released, then no rank calls MPI until the
+// arena holds the sums (or 20 s pass).
+TEST(GradReducer, ProgressThreadFinishesTheSumsDuringALongLayer) {
+  Comm& comm = test::world();
+  if (comm.size() < 2) GTEST_SKIP() << "needs 2 or more ranks";
+  for (const auto algorithm : {mpi::ReduceAlgorithm::kRing, mpi::ReduceAlgorithm::kIallreduce}) {
+    ReducerOptions o = buckets_of(0.1);
+    o.algorithm = algorithm;
+    o.piece_elements = 20000;  // several ring pieces, each of 2(p-1) steps
+    ParamStore ps = make_store();
+    auto reducer = mpi::make_grad_reducer(comm, ps, o);
+    const auto n = size_t(ps.arena_size());
+    std::vector<float> reference(n, 0.0f);
+    const std::vector<const ParamView*> order = arena_order(ps);
+    for (const ParamView* p : order)
+      for (int64_t j = 0; j < p->numel; ++j)
+        reference[size_t(p->offset + j)] = value(p->offset + j, comm.rank(), 0);
+    comm.allreduce_sum(reference.data(), n);
+
+    reducer->begin();
+    for (const ParamView* p : order) {
+      for (int64_t j = 0; j < p->numel; ++j) p->grad[j] = value(p->offset + j, comm.rank(), 0);
+      reducer->grad_ready(*p);
+    }
+    // The "long layer": the sums land while this thread only reads (every value, once written
+    // by the progress thread, is final).
+    const auto start = std::chrono::steady_clock::now();
+    bool summed = false;
+    while (!summed && std::chrono::steady_clock::now() - start < std::chrono::seconds(20)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      summed = std::equal(reference.begin(), reference.end(), ps.grads());
+    }
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    reducer->wait();
+    EXPECT_TRUE(summed) << name(algorithm)
+                        << ": the arena did not hold the sums 20 s after the last grad_ready; "
+                           "nothing advanced the all-reduce between grad_ready and wait()";
+    EXPECT_TRUE(std::equal(reference.begin(), reference.end(), ps.grads())) << name(algorithm);
+    if (comm.rank() == 0)
+      std::printf("[np %d] %s: summed %.1f ms after the last grad_ready, before wait()\n",
+                  comm.size(), reducer->describe().c_str(), ms);
+  }
 }
 
 TEST(GradReducer, NonMpiCommReducesTheWholeArena) {

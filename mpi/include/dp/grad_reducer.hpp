@@ -25,6 +25,10 @@ inline constexpr double kDefaultFirstBucketMiB = 1.0;
 // ~35 ms in pieces of this size.
 inline constexpr int64_t kDefaultPieceElements = int64_t{1} << 20;
 
+// How often the MPI reducer's progress thread advances the all-reduces in flight during backward.
+// See bench/README.md (simulated 2-node cluster over TCP).
+inline constexpr int kDefaultProgressMicroseconds = 500;
+
 // How the MPI reducer sums a piece: its own ring over MPI_Isend/MPI_Irecv (scratch allocated once,
 // the least data moved; mpi/src/ring_allreduce.hpp) or MPI_Iallreduce. See bench/README.md.
 enum class ReduceAlgorithm { kRing, kIallreduce };
@@ -34,6 +38,9 @@ struct ReducerOptions {
   double first_bucket_mib = kDefaultFirstBucketMiB;  // capped at bucket_mib
   bool overlap = true;  // false: nothing is sent before wait() (after backward)
   int64_t piece_elements = kDefaultPieceElements;
+  // With overlap: a thread advances the pieces in flight every progress_us while backward runs
+  // (0: only grad_ready calls do). Needs MPI_THREAD_MULTIPLE, else it is 0.
+  int progress_us = kDefaultProgressMicroseconds;
   ReduceAlgorithm algorithm = ReduceAlgorithm::kRing;
 };
 
@@ -94,9 +101,10 @@ class GradReducer : public GradListener {
 };
 
 // The reducer for `comm`: for an MpiComm, in-place sums on host memory per released bucket, in
-// pieces of at most piece_elements (options.algorithm), advanced from each grad_ready call (Open
-// MPI's ob1 progresses only inside MPI calls); for any other Comm (SelfComm in tests) one
-// Comm::allreduce_sum of the arena in wait(). `params` and `comm` must outlive it.
+// pieces of at most piece_elements (options.algorithm), advanced from each grad_ready call and
+// from a progress thread (Open MPI's ob1 progresses only inside MPI calls); for any other Comm
+// (SelfComm in tests) one Comm::allreduce_sum of the arena in wait(). `params` and `comm` must
+// outlive it.
 std::unique_ptr<GradReducer> make_grad_reducer(Comm& comm, const ParamStore& params,
                                                const ReducerOptions& options);
 
