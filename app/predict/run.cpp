@@ -216,7 +216,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
 #ifdef DP_WITH_CUDA
   if (o.device == "auto") gpu = comm.all_true(cuda::visible_device_count() > 0);
 #endif
-  std::string device = "cpu (oneDNN)";
+  std::string device = "cpu (oneDNN, " + cpu_isa_name() + ")";
   collectively(comm, [&] {
 #ifdef DP_WITH_CUDA
     if (gpu) {

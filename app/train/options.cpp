@@ -225,7 +225,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "GPUs)")(
       "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
       "CPU fp32 3x3 stride-1 convolutions: auto (per pass, direct or Winograd, whichever is "
-      "faster when timed at first use), direct, or winograd (wherever oneDNN has it); "
+      "faster when timed at first use), direct, or winograd (oneDNN 2.x has it on AVX-512 only; "
+      "elsewhere an error); "
       "--deterministic implies direct")(
       "no-tf32", po::bool_switch(),
       "GPU: fp32 convolutions without TF32 tensor cores (slower, closer to the CPU)")(
@@ -422,6 +423,10 @@ Precision parse_precision(const std::string& value) {
 std::unique_ptr<Backend> make_cli_cpu_backend(const CpuOptions& options) {
   if (options.precision == Precision::kBFloat16 && !cpu_bf16_support().empty())
     throw UsageError(str_cat("--precision bf16: ", cpu_bf16_support(), "; use --precision fp32"));
+  if (options.precision == Precision::kFloat32 && options.conv_algo == CpuConvAlgo::kWinograd &&
+      !cpu_winograd_support().empty())
+    throw UsageError(
+        str_cat("--cpu-conv winograd: ", cpu_winograd_support(), "; use --cpu-conv direct"));
   return make_cpu_backend(options);
 }
 

@@ -375,18 +375,23 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
   // schedules, oneDNN's fixed blocking, a fixed all-reduce ring); --deterministic also forbids
   // OpenMP from changing the thread count between parallel regions.
   if (opt_.deterministic) omp_set_dynamic(0);
-  if (use_gpu)
+  if (use_gpu) {
     log_.info("dptrain: ", comm_.size(), " rank(s), device cuda (one GPU per rank), ",
               opt_.precision == "bf16" ? "bf16 activations and convolutions"
               : opt_.tf32              ? "fp32 (TF32) convolutions"
                                        : "fp32 convolutions");
-  else
-    log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN), ", omp_get_max_threads(),
-              " thread(s) per rank, ",
-              opt_.precision == "bf16" ? "bf16 activations and convolutions" : "fp32 convolutions",
-              opt_.precision == "bf16" || opt_.deterministic || opt_.cpu_conv == "direct" ? ""
-              : opt_.cpu_conv == "winograd" ? " (3x3: Winograd)"
-                                            : " (3x3: direct or Winograd, timed at first use)");
+  } else {
+    // What runs, not what was asked: a choice this CPU cannot make is refused by make_backend().
+    const bool bf16 = opt_.precision == "bf16";
+    std::string convs = bf16 ? "bf16 activations and convolutions" : "fp32 convolutions";
+    if (!bf16 && !opt_.deterministic && opt_.cpu_conv != "direct")
+      convs += !cpu_winograd_support().empty()
+                   ? " (3x3: direct; oneDNN has no Winograd on this CPU)"
+               : opt_.cpu_conv == "winograd" ? " (3x3: Winograd)"
+                                             : " (3x3: direct or Winograd, timed at first use)";
+    log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN, ", cpu_isa_name(), "), ",
+              omp_get_max_threads(), " thread(s) per rank, ", convs);
+  }
   on_root(comm_, "--model-dir", [&] {
     ensure_writable_dir(opt_.model_dir);
     model_dir_lock_ = std::make_unique<ModelDirLock>(opt_.model_dir, log_);

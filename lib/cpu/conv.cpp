@@ -413,8 +413,9 @@ std::string cpu_winograd_support() {
                                         {1, 1}, {1, 1}),
         eng);
     return {};
-  } catch (const dnnl::error& e) {
-    return std::string("oneDNN has no Winograd convolution on this CPU: ") + e.what();
+  } catch (const dnnl::error&) {
+    return "oneDNN has no Winograd convolution on this CPU (it runs " + cpu_isa_name() +
+           "; oneDNN 2.x has Winograd kernels for AVX-512 only)";
   }
 }
 

@@ -319,6 +319,7 @@ class CpuBackend final : public Backend {
     if (bf16_) return "cpu (bf16 activations and convolutions)";
     switch (conv_algo_) {
       case CpuConvAlgo::kAuto:
+        if (!cpu_winograd_support().empty()) break;  // nothing to choose from
         return "cpu (3x3 convolutions: direct or Winograd, timed)";
       case CpuConvAlgo::kWinograd:
         return "cpu (Winograd 3x3 convolutions)";
@@ -725,15 +726,44 @@ void batchnorm_moments(const double* sums, int channels, double count, float eps
   }
 }
 
+std::string cpu_isa_name() {
+  using dnnl::cpu_isa;
+  const cpu_isa isa = dnnl::get_effective_cpu_isa();
+  switch (isa) {
+    case cpu_isa::sse41:
+      return "sse41";
+    case cpu_isa::avx:
+      return "avx";
+    case cpu_isa::avx2:
+      return "avx2";
+    case cpu_isa::avx2_vnni:
+      return "avx2_vnni";
+    case cpu_isa::avx512_mic:
+      return "avx512_mic";
+    case cpu_isa::avx512_mic_4ops:
+      return "avx512_mic_4ops";
+    case cpu_isa::avx512_core:
+      return "avx512_core";
+    case cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      break;
+  }
+  char text[32];
+  std::snprintf(text, sizeof text, "oneDNN ISA 0x%x", static_cast<unsigned>(isa));
+  return text;
+}
+
 std::string cpu_bf16_support() {
   const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
   // oneDNN's ISA values are bit sets: each one contains the bits of the ISAs it extends.
   const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
   if ((isa & bf16) == bf16) return {};
-  char text[96];
-  std::snprintf(text, sizeof text, "this CPU has neither AVX512-BF16 nor AMX (oneDNN ISA 0x%x)",
-                isa);
-  return text;
+  return "this CPU has neither AVX512-BF16 nor AMX (oneDNN runs " + cpu_isa_name() + ")";
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& options) {

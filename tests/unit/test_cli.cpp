@@ -27,9 +27,8 @@ class Cli : public ::testing::Test {
     data_ = dir_.file("tiny.h5");
     test::write_tiny_dataset(data_, 8, 4, 32);
   }
-  std::string common() const {
-    return "--data " + data_ + " --width-divisor 16 --batch-size 2 --model-dir " + dir_.file("run");
-  }
+  std::string data_args() const { return "--data " + data_ + " --width-divisor 16 --batch-size 2"; }
+  std::string common() const { return data_args() + " --model-dir " + dir_.file("run"); }
   test::TempDir dir_;
   std::string data_;
 };
@@ -53,11 +52,43 @@ TEST_F(Cli, BadOptionValueIsOneLineAndExit2) {
       << p.output;
 }
 
-// --cpu-conv: the choice is logged, a run trains with Winograd forced, an unknown value is refused.
+// --cpu-conv winograd trains with Winograd where oneDNN has it on this CPU (`isa_cap`: the
+// ONEDNN_MAX_CPU_ISA the ranks run under, "" for none) and is one usage-error line where it has
+// not; `auto` names Winograd as a candidate only where it exists.
+// `common` has every option but --model-dir.
+void expect_cpu_conv_choices(const std::string& common, const test::TempDir& dir,
+                             const std::string& isa_cap) {
+  const std::string env = isa_cap.empty() ? "" : " -x ONEDNN_MAX_CPU_ISA=" + isa_cap;
+  const auto run = [&](int np, const std::string& model_dir, const std::string& args) {
+    return test::run_command(std::string(DP_MPIEXEC) + env + " -n " + std::to_string(np) + " " +
+                             DP_DPTRAIN + " " + common + " --model-dir " +
+                             dir.file(model_dir + isa_cap) + " " + args);
+  };
+  const auto w = run(2, "winograd", "--epochs 1 --cpu-conv winograd");
+  const bool has_winograd = w.status == 0;
+  if (has_winograd) {
+    EXPECT_NE(w.output.find("fp32 convolutions (3x3: Winograd)"), std::string::npos) << w.output;
+  } else {
+    EXPECT_EQ(w.status, 2) << w.output;
+    EXPECT_EQ(
+        count(w.output, "--cpu-conv winograd: oneDNN has no Winograd convolution on this CPU"), 1)
+        << w.output;
+    EXPECT_EQ(w.output.find("(3x3: Winograd)"), std::string::npos) << w.output;
+    EXPECT_EQ(count(w.output, "dptrain: error:"), 1) << w.output;
+  }
+  const auto a = run(1, "auto", "--epochs 1");
+  EXPECT_EQ(a.status, 0) << a.output;
+  EXPECT_NE(a.output.find(has_winograd ? "(3x3: direct or Winograd, timed at first use)"
+                                       : "(3x3: direct; oneDNN has no Winograd on this CPU)"),
+            std::string::npos)
+      << (isa_cap.empty() ? "native ISA" : isa_cap) << ":\n"
+      << a.output;
+}
+
+// --cpu-conv: the choice is logged, a run trains with Winograd forced where the CPU has it (else
+// one error line), --deterministic implies direct, an unknown value is refused.
 TEST_F(Cli, CpuConvAlgorithmOption) {
-  const auto r = test::run_command(dptrain(2, common() + " --epochs 1 --cpu-conv winograd"));
-  EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("fp32 convolutions (3x3: Winograd)"), std::string::npos) << r.output;
+  expect_cpu_conv_choices(data_args(), dir_, "");
   const auto d = test::run_command(dptrain(1, common() + " --epochs 1 --deterministic"));
   EXPECT_EQ(d.status, 0) << d.output;
   EXPECT_EQ(d.output.find("Winograd"), std::string::npos) << d.output;  // implies direct
@@ -66,6 +97,12 @@ TEST_F(Cli, CpuConvAlgorithmOption) {
   EXPECT_EQ(
       count(b.output, "dptrain: error: --cpu-conv must be auto, direct or winograd, got 'fast'"), 1)
       << b.output;
+}
+
+// The AVX2 twin: oneDNN 2.6 has Winograd only from AVX-512 up, so on a larger CPU this runs the
+// path an AVX2-only machine takes.
+TEST_F(Cli, CpuConvAlgorithmOptionCappedAtAvx2) {
+  expect_cpu_conv_choices(data_args(), dir_, "AVX2");
 }
 
 // --precision bf16 trains (and says so) where the CPU has bf16, else stops with the reason.

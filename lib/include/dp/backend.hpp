@@ -234,7 +234,10 @@ std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& options);
 inline std::unique_ptr<Backend> make_cpu_backend(Precision precision = Precision::kFloat32) {
   return make_cpu_backend(CpuOptions{precision});
 }
-// Empty when oneDNN has Winograd convolutions on this CPU, else why not (test skips).
+// The instruction set oneDNN runs on this CPU ("avx2", "avx512_core", ...), after any
+// ONEDNN_MAX_CPU_ISA cap: for logs and errors.
+std::string cpu_isa_name();
+// Empty when oneDNN has Winograd convolutions on this CPU, else why not (errors, test skips).
 std::string cpu_winograd_support();
 // Empty when this CPU runs bf16 convolutions natively, else why not (for errors and test skips).
 std::string cpu_bf16_support();
