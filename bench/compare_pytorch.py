@@ -3,6 +3,7 @@
 
     pip install torch          # the peer; any recent CPU-capable build
     python3 bench/compare_pytorch.py --python "$(which python3)" [--build build/default]
+                                     [--isa native|avx2|avx512_core|avx512_core_bf16|avx512_core_amx]
 
 Cases: UNet16 /8 at 128x128 batch 8 and full UNet16 at 128x128 batch 2, each on 1 and 2 threads,
 and 2 ranks x 1 thread (mpirun) vs PyTorch DDP (gloo) 2 processes x 1 thread. Same network
@@ -13,10 +14,16 @@ bf16 activations and convolutions vs torch.autocast), SGD momentum 0.9, weight d
 each step's wall time (--bench-step-times); PyTorch uses tensors made once. Each side: warm-up excluded, median of the timed steps; the two alternate
 (--rounds) to cancel machine drift, and the median over rounds is reported, with each side's peak
 resident memory (summed over processes).
+
+--isa caps both sides the same way: ONEDNN_MAX_CPU_ISA for dptrain's and PyTorch's oneDNN, and
+ATEN_CPU_CAPABILITY for PyTorch's own kernels. A machine can only cap downwards; the ISA each side
+really ran is read from a probe run with ONEDNN_VERBOSE=1 (oneDNN's "isa:" line) and from
+torch.__config__.show(), and printed with the table, with a note when it differs from the request.
 """
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -34,7 +41,53 @@ CASES = [  # (name, width divisor, batch per rank, threads per rank, ranks)
 ]
 
 
-def run_dptrain(build, data, work, divisor, batch, threads, ranks, warmup, steps, precision):
+# --isa: (ONEDNN_MAX_CPU_ISA, ATEN_CPU_CAPABILITY); ATen's largest is avx512.
+ISAS = {
+    "native": (None, None),
+    "avx2": ("AVX2", "avx2"),
+    "avx512_core": ("AVX512_CORE", "avx512"),
+    "avx512_core_bf16": ("AVX512_CORE_BF16", "avx512"),
+    "avx512_core_amx": ("AVX512_CORE_AMX", "avx512"),
+}
+
+
+def isa_env(isa):
+    onednn, aten = ISAS[isa]
+    env = dict(os.environ)
+    for k in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"):
+        env.pop(k, None)
+    if onednn:
+        env.update(ONEDNN_MAX_CPU_ISA=onednn, DNNL_MAX_CPU_ISA=onednn, ATEN_CPU_CAPABILITY=aten)
+    return env
+
+
+def verbose_isa(text):
+    """oneDNN's own words for the ISA it dispatches to, from an ONEDNN_VERBOSE=1 log."""
+    m = re.search(r"_verbose,info,cpu,isa:(.*)", text)
+    return m.group(1).strip() if m else "no oneDNN primitive ran"
+
+
+def probe_isas(args, data, work, env):
+    """What each side really runs under `env`: (dptrain's oneDNN ISA name and verbose text,
+    PyTorch's oneDNN verbose text, PyTorch's ATen capability)."""
+    env = dict(env, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1", OMP_NUM_THREADS="1")
+    model_dir = os.path.join(work, "probe")
+    subprocess.run(["rm", "-rf", model_dir], check=True)
+    out = subprocess.run([os.path.join(args.build, "app", "dptrain"), "--data", data,
+                          "--width-divisor", "8", "--batch-size", "2", "--epochs", "1",
+                          "--max-steps", "1", "--val-every", "1000000", "--model-dir", model_dir],
+                         env=env, check=True, capture_output=True, text=True).stdout
+    m = re.search(r"device cpu \(oneDNN, ([^)]*)\)", out)
+    dp_name = m.group(1) if m else "?"
+    pt = subprocess.run([args.python, os.path.join(HERE, "pytorch_peer.py"), "--divisor", "8",
+                         "--size", "128", "--batch", "1", "--warmup", "0", "--steps", "1"],
+                        env=env, check=True, capture_output=True, text=True).stdout
+    aten = json.loads(pt.strip().splitlines()[-1]).get("aten_cpu_capability", "?")
+    return dp_name, verbose_isa(out), verbose_isa(pt), aten
+
+
+def run_dptrain(build, data, work, divisor, batch, threads, ranks, warmup, steps, precision,
+                env):
     model_dir = os.path.join(work, "run")
     subprocess.run(["rm", "-rf", model_dir], check=True)
     train_images = (warmup + steps) * batch * ranks
@@ -42,7 +95,7 @@ def run_dptrain(build, data, work, divisor, batch, threads, ranks, warmup, steps
            "--batch-size", str(batch), "--epochs", "2", "--max-steps", str(warmup + steps),
            "--model-dir", model_dir, "--augment", "none", "--cache", "--bench-step-times",
            "--val-every", "1000000", "--precision", precision]
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    env = dict(env, OMP_NUM_THREADS=str(threads))
     flags = ["--oversubscribe", "--mca", "pml", "ob1", "--mca", "btl", "self,vader"]
     flags += ["--bind-to", "core" if threads == 1 else "none"]
     if os.geteuid() == 0:
@@ -59,12 +112,12 @@ def run_dptrain(build, data, work, divisor, batch, threads, ranks, warmup, steps
     return batch * ranks / step, rss[0]
 
 
-def run_torch(python, divisor, batch, threads, ranks, warmup, steps, precision):
+def run_torch(python, divisor, batch, threads, ranks, warmup, steps, precision, env):
     out = subprocess.run([python, os.path.join(HERE, "pytorch_peer.py"), "--world", str(ranks),
                           "--threads", str(threads), "--divisor", str(divisor), "--size", "128",
                           "--batch", str(batch), "--warmup", str(warmup), "--steps", str(steps),
                           "--precision", precision],
-                         check=True, capture_output=True, text=True).stdout
+                         env=env, check=True, capture_output=True, text=True).stdout
     r = json.loads(out.strip().splitlines()[-1])
     return r["img_per_s"], r["peak_rss_bytes"] / 2**20, r["torch"]
 
@@ -79,7 +132,10 @@ def main():
     ap.add_argument("--cases", default="all", help="comma-separated indices into the case list")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="bf16: dptrain --precision bf16 vs torch.autocast(bfloat16)")
+    ap.add_argument("--isa", choices=list(ISAS), default="native",
+                    help="cap both sides' CPU instruction set (only downwards)")
     args = ap.parse_args()
+    env = isa_env(args.isa)
     cases = CASES if args.cases == "all" else [CASES[int(i)] for i in args.cases.split(",")]
     with tempfile.TemporaryDirectory() as work:
         data = os.path.join(work, "bench.h5")
@@ -87,6 +143,12 @@ def main():
         subprocess.run([os.path.join(args.build, "app", "dpprep"), "synth", "--out", data,
                         "--train", str(n), "--val", "0", "--size", "128x128"], check=True,
                        capture_output=True)
+        dp_name, dp_isa, pt_isa, aten = probe_isas(args, data, work, env)
+        print(f"--isa {args.isa}: dptrain ran oneDNN {dp_name} ({dp_isa}); PyTorch ran oneDNN "
+              f"({pt_isa}), ATen {aten}")
+        if args.isa != "native" and dp_name != args.isa:
+            print(f"note: this CPU cannot run {args.isa} (a machine can only cap downwards): "
+                  f"both sides ran its best instead, {dp_name}")
         print(f"{'case':26s} {'thr':>3s} {'dptrain img/s':>13s} {'PyTorch img/s':>13s} "
               f"{'ratio':>6s} {'dptrain MiB':>11s} {'PyTorch MiB':>11s} {'mem ratio':>9s}")
         version = "?"
@@ -94,16 +156,16 @@ def main():
             dp, pt, dp_mem, pt_mem = [], [], [], []
             for _ in range(args.rounds):  # alternate the two to cancel drift
                 ips, mem = run_dptrain(args.build, data, work, d, b, t, r, args.warmup, args.steps,
-                                       args.precision)
+                                       args.precision, env)
                 dp.append(ips), dp_mem.append(mem)
                 ips, mem, version = run_torch(args.python, d, b, t, r, args.warmup, args.steps,
-                                              args.precision)
+                                              args.precision, env)
                 pt.append(ips), pt_mem.append(mem)
             a, p = statistics.median(dp), statistics.median(pt)
             ma, mp_ = max(dp_mem), max(pt_mem)
             print(f"{name:26s} {t * r:3d} {a:13.2f} {p:13.2f} {a / p:6.2f} {ma:11.0f} "
                   f"{mp_:11.0f} {ma / mp_:9.2f}", flush=True)
-        print(f"PyTorch {version}; {args.precision}; {args.rounds} rounds, median of "
+        print(f"PyTorch {version}; {args.precision}; --isa {args.isa}; {args.rounds} rounds, median of "
               f"{args.steps} steps after {args.warmup} warm-up each")
 
 

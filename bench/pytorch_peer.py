@@ -133,6 +133,10 @@ def main():
            "size": args.size, "batch": args.batch, "precision": args.precision,
            "step_seconds": step, "img_per_s": args.batch * args.world / step,
            "peak_rss_bytes": sum(r for _, r, _ in results.values())}
+    # ATen's own kernels' ISA, as this process runs them (ATEN_CPU_CAPABILITY caps it).
+    out["aten_cpu_capability"] = next(
+        (l.split(":", 1)[1].strip() for l in torch.__config__.show().splitlines()
+         if "CPU capability usage" in l), "?")
     if args.device == "cuda":
         out["gpu"] = torch.cuda.get_device_name(0)
         out["peak_device_bytes"] = max(d for _, _, d in results.values())
