@@ -196,8 +196,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "pos-weight", po::bool_switch(&o.use_pos_weight),
       "weight crack pixels by the dataset's pos_weight (in BCE)")(
       "loss", po::value(&o.loss)->default_value(o.loss),
-      "bce (per pixel), dice (soft Dice per image), bce+dice (their sum) or focal (per pixel); "
-      "each the mean over the global batch")(
+      "bce (per pixel), dice (soft Dice per image), bce+dice (their sum; the default since "
+      "CrackForest, docs/real-data.md) or focal (per pixel); each the mean over the global batch")(
       "focal-alpha", po::value(&o.focal_alpha)->default_value(o.focal_alpha),
       "focal loss: weight of crack pixels, 1 - alpha of background (< 0: no weighting)")(
       "focal-gamma", po::value(&o.focal_gamma)->default_value(o.focal_gamma),

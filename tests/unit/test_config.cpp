@@ -59,7 +59,8 @@ TEST(Config, IniValuesWithTheCommandLineWinning) {
 }
 
 TEST(Config, LossChoices) {
-  EXPECT_EQ(parse({})->loss, "bce");
+  EXPECT_EQ(parse({})->loss, "bce+dice");  // docs/real-data.md
+  EXPECT_EQ(parse({"--loss", "bce"})->loss, "bce");
   EXPECT_EQ(parse({"--loss", "bce+dice", "--pos-weight"})->loss, "bce+dice");
   EXPECT_EQ(parse({"--loss", "focal", "--focal-gamma", "0"})->focal_gamma, 0.0);
   EXPECT_EQ(usage_error({"--loss", "lovasz"}),
