@@ -59,8 +59,11 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
                     "tile size N or HxW (default: the size the checkpoint was trained on)")(
       "overlap", po::value(&o.overlap),
       "pixels shared by neighbouring tiles (default: a quarter of the tile)")(
-      "batch-size,b", po::value(&o.batch_size)->default_value(o.batch_size),
-      "tiles per forward pass")(
+      "margin", po::value(&o.margin)->default_value(o.margin),
+      "pixels of reflected context added around every image, so that no image border meets the "
+      "network's zero padding at a tile border (0: borders flush, as whole training images were; "
+      "docs/real-data.md)")("batch-size,b", po::value(&o.batch_size)->default_value(o.batch_size),
+                            "tiles per forward pass")(
       "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
       "3x3 convolutions: auto (direct or Winograd, whichever is faster when timed at first "
       "use), direct (bitwise reproducible) or winograd (AVX-512 CPUs only; elsewhere an error)")(
@@ -116,6 +119,8 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
           "--device must be auto, cpu or cuda, got '", o.device, "'");
   parse_precision(o.precision);
   require(vm.count("overlap") == 0 || o.overlap >= 0, "--overlap must be >= 0, got ", o.overlap);
+  require(o.margin >= 0 && o.margin <= 4096, "--margin must be in [0, 4096] pixels, got ",
+          o.margin);
   require(!(o.out.empty() && (o.save_prob || o.overlay)), "--save-prob and --overlay need --out");
   if (!tile.empty()) parse_tile(tile, o.tile_height, o.tile_width);
   return o;

@@ -20,6 +20,7 @@ struct PredictOptions {
   bool overlay = false;    // also write the image with crack pixels tinted
   int tile_height = 0, tile_width = 0;  // 0: the checkpoint's training size
   int overlap = -1;                     // pixels; -1: a quarter of the smaller tile side
+  int margin = 0;                       // pixels of reflected context around every image
   int batch_size = 4;                   // tiles per forward pass
   std::string cpu_conv = "auto";        // 3x3 convolution kernels (dptrain's --cpu-conv)
   std::string precision = "fp32";       // fp32 | bf16 (activations; dptrain's --precision)

@@ -33,6 +33,9 @@ Predictor::Predictor(const std::string& checkpoint, const PredictorOptions& opti
     throw UsageError(str_cat("--overlap ", overlap_, " must be smaller than the tile (",
                              tile_height_, "x", tile_width_, ")"));
 
+  margin_ = options.margin;
+  if (margin_ < 0) throw UsageError(str_cat("--margin must be >= 0, got ", margin_));
+
   ModelConfig mc;
   mc.name = meta_.model;
   mc.width_divisor = int(meta_.width_divisor);
@@ -61,7 +64,7 @@ Predictor::Predictor(const std::string& checkpoint, const PredictorOptions& opti
   load_checkpoint(checkpoint, model_->params(), nullptr, &model_->buffers());
   runner_ = std::make_unique<TiledRunner>(
       [this](const float* input, int n) { return model_->forward_host(input, n); }, normalization_,
-      tile_height_, tile_width_, overlap_, options.batch);
+      tile_height_, tile_width_, overlap_, options.batch, margin_);
 }
 
 Predictor::~Predictor() = default;

@@ -15,6 +15,7 @@ namespace dp::app {
 struct PredictorOptions {
   int tile_height = 0, tile_width = 0;  // 0: the size the checkpoint was trained on
   int overlap = -1;                     // pixels shared by neighbouring tiles; -1: tile / 4
+  int margin = 0;                       // pixels of reflected context around every image
   int batch = 4;                        // tiles per forward pass
   CpuConvAlgo conv_algo = CpuConvAlgo::kDirect;  // 3x3 convolution kernels (dppredict: auto)
   Precision precision = Precision::kFloat32;     // bf16: bf16 activations and convolutions
@@ -36,6 +37,7 @@ class Predictor {
   int tile_height() const { return tile_height_; }
   int tile_width() const { return tile_width_; }
   int overlap() const { return overlap_; }
+  int margin() const { return margin_; }
   Model& model() { return *model_; }
   TiledRunner& runner() { return *runner_; }
 
@@ -46,7 +48,7 @@ class Predictor {
   std::string path_;
   CheckpointMeta meta_;
   Normalization normalization_;
-  int tile_height_ = 0, tile_width_ = 0, overlap_ = 0;
+  int tile_height_ = 0, tile_width_ = 0, overlap_ = 0, margin_ = 0;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<TiledRunner> runner_;

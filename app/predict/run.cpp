@@ -234,6 +234,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     po.tile_height = o.tile_height;
     po.tile_width = o.tile_width;
     po.overlap = o.overlap;
+    po.margin = o.margin;
     po.batch = o.batch_size;
     po.conv_algo = parse_cpu_conv(o.cpu_conv);
     po.precision = parse_precision(o.precision);
@@ -256,9 +257,10 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   log.info("dppredict: ", o.checkpoint, ": ", meta.model, " (width divisor ", meta.width_divisor,
            meta.deconv != 0 ? ", deconv" : "", ") trained ", meta.epoch, " epoch(s) on ",
            meta.height, "x", meta.width, "; tiles ", predictor->tile_height(), "x",
-           predictor->tile_width(), ", overlap ", predictor->overlap(), ", ", o.batch_size,
-           " per batch; ", inputs.size(), " image(s) on ", world, " rank(s); rank 0 on ", device,
-           o.precision == "bf16" ? ", bf16 activations" : "");
+           predictor->tile_width(), ", overlap ", predictor->overlap(),
+           predictor->margin() > 0 ? str_cat(", margin ", predictor->margin()) : std::string(),
+           ", ", o.batch_size, " per batch; ", inputs.size(), " image(s) on ", world,
+           " rank(s); rank 0 on ", device, o.precision == "bf16" ? ", bf16 activations" : "");
 
   std::vector<size_t> mine;
   for (size_t i = size_t(rank); i < inputs.size(); i += size_t(world)) mine.push_back(i);

@@ -20,17 +20,20 @@ float sigmoid(float x) {
 
 }  // namespace
 
-std::vector<int> tile_starts(int length, int tile, int overlap) {
-  DP_CHECK(length > 0 && tile > 0 && overlap >= 0 && overlap < tile, "tile_starts: length ", length,
-           ", tile ", tile, ", overlap ", overlap, " (need overlap in [0, tile))");
-  if (length <= tile) return {-((tile - length) / 2)};
-  const int64_t span = length - tile;  // where the last tile starts
+std::vector<int> tile_starts(int length, int tile, int overlap, int margin) {
+  DP_CHECK(length > 0 && tile > 0 && overlap >= 0 && overlap < tile && margin >= 0,
+           "tile_starts: length ", length, ", tile ", tile, ", overlap ", overlap, ", margin ",
+           margin, " (need overlap in [0, tile), margin >= 0)");
+  const int64_t extended = int64_t{length} + 2 * int64_t{margin};
+  if (extended <= tile) return {static_cast<int>(-((tile - extended) / 2) - margin)};
+  const int64_t span = extended - tile;  // where the last tile starts, from -margin
   const int64_t stride = tile - overlap;
   const int64_t n = (span + stride - 1) / stride + 1;
   std::vector<int> starts(static_cast<size_t>(n));
   // Rounded even spacing: consecutive starts differ by at most ceil(span / (n - 1)) <= stride.
   for (int64_t i = 0; i < n; ++i)
-    starts[static_cast<size_t>(i)] = static_cast<int>((2 * i * span + (n - 1)) / (2 * (n - 1)));
+    starts[static_cast<size_t>(i)] =
+        static_cast<int>((2 * i * span + (n - 1)) / (2 * (n - 1)) - margin);
   return starts;
 }
 
@@ -61,18 +64,20 @@ struct TiledRunner::Job {
 };
 
 TiledRunner::TiledRunner(Forward forward, const Normalization& normalization, int tile_height,
-                         int tile_width, int overlap, int batch)
+                         int tile_width, int overlap, int batch, int margin)
     : forward_(std::move(forward)),
       lut_(normalization_lut(normalization)),
       tile_height_(tile_height),
       tile_width_(tile_width),
       overlap_(overlap),
-      batch_(batch) {
+      batch_(batch),
+      margin_(margin) {
   DP_CHECK(tile_height > 0 && tile_width > 0 && batch > 0, "TiledRunner: tile ", tile_height, "x",
            tile_width, ", batch ", batch);
   DP_CHECK(overlap >= 0 && overlap < std::min(tile_height, tile_width), "overlap ", overlap,
            " must be in [0, ", std::min(tile_height, tile_width), ") for tiles of ", tile_height,
            "x", tile_width);
+  DP_CHECK(margin >= 0, "TiledRunner: margin ", margin, " must be >= 0");
   window_y_ = window_weights(tile_height);
   window_x_ = window_weights(tile_width);
   input_ =
@@ -83,8 +88,8 @@ TiledRunner::TiledRunner(Forward forward, const Normalization& normalization, in
 TiledRunner::~TiledRunner() = default;
 
 int64_t TiledRunner::tiles_for(int height, int width) const {
-  return int64_t(tile_starts(height, tile_height_, overlap_).size()) *
-         int64_t(tile_starts(width, tile_width_, overlap_).size());
+  return int64_t(tile_starts(height, tile_height_, overlap_, margin_).size()) *
+         int64_t(tile_starts(width, tile_width_, overlap_, margin_).size());
 }
 
 void TiledRunner::submit(size_t id, data::Image image, Done done) {
@@ -93,8 +98,8 @@ void TiledRunner::submit(size_t id, data::Image image, Done done) {
            "TiledRunner: expected an RGB image, got ", image.width, "x", image.height, "x",
            image.channels);
   const int h = image.height, w = image.width;
-  const std::vector<int> ys = tile_starts(h, tile_height_, overlap_);
-  const std::vector<int> xs = tile_starts(w, tile_width_, overlap_);
+  const std::vector<int> ys = tile_starts(h, tile_height_, overlap_, margin_);
+  const std::vector<int> xs = tile_starts(w, tile_width_, overlap_, margin_);
   auto job = std::make_shared<Job>();
   job->id = id;
   job->done = std::move(done);

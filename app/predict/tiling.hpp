@@ -14,12 +14,16 @@
 
 namespace dp::app {
 
-// Start offsets of the tiles that cover [0, length) with tiles of `tile` pixels, neighbours
-// sharing at least `overlap` pixels (0 <= overlap < tile):
-//   length <= tile: one tile centred on the axis (start <= 0; the outside is reflect padding);
-//   otherwise ceil((length - tile) / (tile - overlap)) + 1 tiles spread evenly from 0 to
-//   length - tile, so no tile reads outside the image and the last one is flush with its end.
-std::vector<int> tile_starts(int length, int tile, int overlap);
+// Start offsets of the tiles that cover [-margin, length + margin) with tiles of `tile` pixels,
+// neighbours sharing at least `overlap` pixels (0 <= overlap < tile, margin >= 0); with
+// L = length + 2 margin:
+//   L <= tile: one tile centred on the axis (start <= -margin; the outside is reflect padding);
+//   otherwise ceil((L - tile) / (tile - overlap)) + 1 tiles spread evenly from -margin to
+//   length + margin - tile: the first and last are flush with the ends of the extended axis, so
+//   with margin 0 no tile reads outside the image and its borders meet the tiles' borders (where
+//   the network pads with zeros, as it did on whole training images); with margin > 0 every image
+//   pixel has at least `margin` pixels of reflected context.
+std::vector<int> tile_starts(int length, int tile, int overlap, int margin = 0);
 
 // Index into [0, length) of position i of an axis extended by reflection without repeating the
 // edge pixel (numpy's and PyTorch's "reflect"): ... 2 1 | 0 1 2 ... L-1 | L-2 L-3 ...
@@ -33,7 +37,8 @@ std::vector<float> window_weights(int tile);
 // Runs images of any size through a network that takes tiles of tile_height x tile_width, in
 // batches of up to `batch` tiles (tiles of consecutive images share a batch). Each pixel's
 // probability is the window-weighted mean of sigmoid(logit) over the tiles that cover it:
-// sum(w * p) / sum(w). Sides shorter than the tile are reflect-padded (see tile_starts).
+// sum(w * p) / sum(w). Sides shorter than the tile are reflect-padded, and every side by `margin`
+// pixels of reflected context (see tile_starts).
 class TiledRunner {
  public:
   // input: [n, tile_height, tile_width, 3] normalised floats; returns logits [n, th, tw, 1],
@@ -44,7 +49,7 @@ class TiledRunner {
   using Done = std::function<void(size_t id, const data::Image& image, std::vector<float>& prob)>;
 
   TiledRunner(Forward forward, const Normalization& normalization, int tile_height, int tile_width,
-              int overlap, int batch);
+              int overlap, int batch, int margin = 0);
   ~TiledRunner();
   TiledRunner(const TiledRunner&) = delete;
   TiledRunner& operator=(const TiledRunner&) = delete;
@@ -67,7 +72,7 @@ class TiledRunner {
 
   Forward forward_;
   NormalizationLut lut_;
-  int tile_height_, tile_width_, overlap_, batch_;
+  int tile_height_, tile_width_, overlap_, batch_, margin_;
   std::vector<float> window_y_, window_x_;
   Buffer input_;             // [batch, th, tw, 3]
   std::vector<Slot> slots_;  // the tiles of the batch being filled

@@ -180,6 +180,73 @@ TEST(Tiling, BlendingReproducesAPointwiseModelAtAnySize) {
   EXPECT_EQ(forwards, (tiles + kBatch - 1) / kBatch);  // tiles of different images share batches
 }
 
+// --margin M: the tiles cover [-M, length + M); margin 0 is the flush tiling of before.
+TEST(Tiling, MarginExtendsTheCoveredAxisByReflectedContext) {
+  for (const int length : {1, 5, 31, 32, 33, 100, 1000})
+    for (const int tile : {8, 32, 48})
+      for (const int overlap : {0, 3, 7})
+        for (const int margin : {0, 1, 5, 40}) {
+          SCOPED_TRACE(testing::Message()
+                       << length << " " << tile << " " << overlap << " " << margin);
+          const std::vector<int> s = app::tile_starts(length, tile, overlap, margin);
+          if (margin == 0) {
+            EXPECT_EQ(s, app::tile_starts(length, tile, overlap));
+          }
+          ASSERT_FALSE(s.empty());
+          if (length + 2 * margin <= tile) {
+            ASSERT_EQ(s.size(), 1u);
+            EXPECT_LE(s[0], -margin);
+            EXPECT_GE(s[0] + tile, length + margin);
+            continue;
+          }
+          EXPECT_EQ(s.front(), -margin);
+          EXPECT_EQ(s.back() + tile, length + margin);
+          for (size_t i = 1; i < s.size(); ++i) EXPECT_LE(s[i] - s[i - 1], tile - overlap);
+        }
+  EXPECT_THROW(app::tile_starts(10, 8, 2, -1), Error);
+}
+
+// A "network" that answers crack (logit +8) on the outermost row and column of every tile and
+// background (-8) elsewhere, as a model would that learned to fire where its zero padding begins.
+// With margin 0 the tiles are flush with the image borders and those pixels come out as cracks;
+// with a margin no image pixel lies on a tile border that is not outweighed by another tile.
+TEST(Tiling, MarginKeepsImageBordersOffTheTilesBorders) {
+  constexpr int kTileH = 32, kTileW = 48, kOverlap = 12, kBatch = 4;
+  const Normalization norm{data::kImagenetMean, data::kImagenetStd};
+  auto run = [&](int margin, int w, int h) {
+    std::vector<float> logits(size_t(kBatch) * kTileH * kTileW);
+    app::TiledRunner runner(
+        [&](const float*, int n) {
+          for (int k = 0; k < n; ++k)
+            for (int y = 0; y < kTileH; ++y)
+              for (int x = 0; x < kTileW; ++x) {
+                const bool edge = y == 0 || x == 0 || y == kTileH - 1 || x == kTileW - 1;
+                logits[(size_t(k) * kTileH + size_t(y)) * kTileW + size_t(x)] = edge ? 8.0f : -8.0f;
+              }
+          return logits.data();
+        },
+        norm, kTileH, kTileW, kOverlap, kBatch, margin);
+    std::vector<float> out;
+    runner.submit(0, test_image(w, h, 7),
+                  [&](size_t, const data::Image&, std::vector<float>& p) { out = p; });
+    runner.flush();
+    return out;
+  };
+  for (const auto& [w, h] : std::vector<std::pair<int, int>>{{100, 70}, {48, 32}, {300, 33}}) {
+    SCOPED_TRACE(testing::Message() << w << "x" << h);
+    const std::vector<float> flush = run(0, w, h);
+    ASSERT_EQ(flush.size(), size_t(w) * size_t(h));
+    EXPECT_GT(flush[0], 0.99f);                                          // corner
+    EXPECT_GT(flush[size_t(h / 2) * size_t(w)], 0.99f);                  // left border
+    EXPECT_GT(flush[size_t(h - 1) * size_t(w) + size_t(w / 2)], 0.99f);  // bottom border
+    for (const int margin : {4, 16}) {
+      const std::vector<float> p = run(margin, w, h);
+      ASSERT_EQ(p.size(), flush.size());
+      EXPECT_LT(*std::max_element(p.begin(), p.end()), 0.05f) << "margin " << margin;
+    }
+  }
+}
+
 TEST(Normalization, RecordedStatisticsRoundTripExactly) {
   const Normalization n{{0.123456789f, 0.5f, 1.0f / 3}, {0.2f, 0.0039215689f, 0.7f}};
   const Normalization back = app::normalization_from_options(
@@ -489,7 +556,7 @@ TEST_F(Predict, BadInputIsOneErrorLineAndANonZeroExit) {
       {0, "--dataset " + data_ + " --split test", "--split must be train or val", 2},
       {0, "--no-such-option", "unrecognised option", 2},
       {0, "--dataset " + data_ + " --cpu-conv fast",
-       "--cpu-conv must be auto, direct or winograd, got 'fast'", 2},
+       "--cpu-conv must be auto, direct, winograd or blocked, got 'fast'", 2},
       {0, "--dataset " + data_ + " --precision fp16",
        "--precision must be fp32 or bf16, got 'fp16'", 2},
       {0, "--dataset " + data_ + " --device tpu", "--device must be auto, cpu or cuda, got 'tpu'",
