@@ -224,10 +224,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "statistics, loss and reductions fp32 (as PyTorch autocast; CPUs with AVX512-BF16 or AMX, "
       "GPUs)")(
       "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
-      "CPU fp32 3x3 stride-1 convolutions: auto (per pass, direct or Winograd, whichever is "
-      "faster when timed at first use), direct, or winograd (oneDNN 2.x has it on AVX-512 only; "
-      "elsewhere an error); "
-      "--deterministic implies direct")(
+      "CPU fp32 3x3 stride-1 convolutions: auto (per pass, whichever is faster when timed at "
+      "first use: direct on NHWC, or Winograd where oneDNN has it, else direct on oneDNN's blocked "
+      "layout), direct, winograd (oneDNN 2.x has it on AVX-512 only; elsewhere an error) or "
+      "blocked; --deterministic implies direct")(
       "no-tf32", po::bool_switch(),
       "GPU: fp32 convolutions without TF32 tensor cores (slower, closer to the CPU)")(
       "threads", po::value(&o.threads)->default_value(o.threads),
@@ -411,7 +411,9 @@ CpuConvAlgo parse_cpu_conv(const std::string& value) {
   if (value == "auto") return CpuConvAlgo::kAuto;
   if (value == "direct") return CpuConvAlgo::kDirect;
   if (value == "winograd") return CpuConvAlgo::kWinograd;
-  throw UsageError(str_cat("--cpu-conv must be auto, direct or winograd, got '", value, "'"));
+  if (value == "blocked") return CpuConvAlgo::kBlocked;
+  throw UsageError(
+      str_cat("--cpu-conv must be auto, direct, winograd or blocked, got '", value, "'"));
 }
 
 Precision parse_precision(const std::string& value) {

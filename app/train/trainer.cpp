@@ -385,8 +385,10 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     const bool bf16 = opt_.precision == "bf16";
     std::string convs = bf16 ? "bf16 activations and convolutions" : "fp32 convolutions";
     if (!bf16 && !opt_.deterministic && opt_.cpu_conv != "direct")
-      convs += !cpu_winograd_support().empty()
-                   ? " (3x3: direct; oneDNN has no Winograd on this CPU)"
+      convs += opt_.cpu_conv == "blocked" ? " (3x3: direct on blocked copies)"
+               : !cpu_winograd_support().empty()
+                   ? " (3x3: direct on NHWC or on blocked copies, timed at first use; oneDNN has "
+                     "no Winograd on this CPU)"
                : opt_.cpu_conv == "winograd" ? " (3x3: Winograd)"
                                              : " (3x3: direct or Winograd, timed at first use)";
     log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN, ", cpu_isa_name(), "), ",
@@ -673,6 +675,11 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
     }
     ++step;
     ++state_.step;
+    if (!kernels_logged_) {  // after the first step has timed every pass
+      kernels_logged_ = true;
+      const std::string k = backend_->kernel_choices();
+      if (!k.empty()) log_.info("3x3 convolution kernels (per pass): ", k);
+    }
     if (opt_.bench_step_times) {
       log_.info("bench: step_seconds ", seconds_since(step_end));
       step_end = Clock::now();

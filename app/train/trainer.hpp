@@ -125,6 +125,7 @@ class Trainer {
   struct DeviceState;
   std::unique_ptr<DeviceState> device_;
   std::unique_ptr<mpi::GradReducer> reducer_;  // sums gradients over ranks during backward
+  bool kernels_logged_ = false;  // Backend::kernel_choices(), once after the run's first step
   // DP_TEST_FAIL_AT=rank:step (tests of the failure semantics): that rank throws in that step.
   int fail_rank_ = -1;
   int64_t fail_step_ = -1;

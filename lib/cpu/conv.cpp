@@ -1,6 +1,7 @@
 // Convolution and transposed convolution on oneDNN: primitive descriptors built once per shape,
 // NHWC activations end to end, weights in PyTorch's layout reordered into oneDNN's choice; 3x3
-// stride-1 passes may run Winograd kernels on blocked copies where those are faster.
+// stride-1 passes may run on blocked copies (Winograd where oneDNN has it, else direct kernels on
+// oneDNN's blocked layout) where those are faster.
 #include "onednn.hpp"
 
 #include <algorithm>
@@ -116,11 +117,14 @@ std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const D
   return p;
 }
 
-// The Winograd variants of a 3x3 stride-1 fp32 convolution's passes (throws a dnnl::error where
-// oneDNN has none for this shape).
-std::unique_ptr<WinoPrims> build_wino(const dnnl::engine& eng, const ConvDesc& d, ConvPrims& p,
-                                      const memory::desc& user_w_md) {
-  auto w = std::make_unique<WinoPrims>();
+// The variants of a 3x3 stride-1 fp32 convolution's passes on oneDNN's own activation layout
+// (`alg`: Winograd, or direct on blocked nChw8c/nChw16c copies), with reorders to and from NHWC.
+// Throws a dnnl::error where oneDNN has none for this shape and CPU.
+std::unique_ptr<BlockedPrims> build_blocked(const dnnl::engine& eng, const ConvDesc& d,
+                                            ConvPrims& p, const memory::desc& user_w_md,
+                                            algorithm alg) {
+  auto w = std::make_unique<BlockedPrims>();
+  w->winograd = alg == algorithm::convolution_winograd;
   const auto any = [](const Dims& x) {
     return memory::desc({x.n, x.c, x.h, x.w}, dt::f32, tag::any);
   };
@@ -128,7 +132,6 @@ std::unique_ptr<WinoPrims> build_wino(const dnnl::engine& eng, const ConvDesc& d
   const memory::desc w_md(user_w_md.dims(), dt::f32, tag::any);
   const memory::desc bias_md = d.bias ? memory::desc({d.cout}, dt::f32, tag::x) : memory::desc();
   const memory::dims strides{1, 1}, padding{d.padding(), d.padding()};
-  const algorithm alg = algorithm::convolution_winograd;
   // Scratchpads are ours (in the copies scratch) so that their size is known and counted.
   dnnl::primitive_attr fwd_attr = relu_attr(d.relu), attr;
   fwd_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -149,7 +152,7 @@ std::unique_ptr<WinoPrims> build_wino(const dnnl::engine& eng, const ConvDesc& d
   if (bwd_w_pd.src_desc() != fwd_pd.src_desc() ||
       bwd_w_pd.diff_dst_desc() != bwd_data_pd.diff_dst_desc() ||
       bwd_data_pd.diff_src_desc().get_size() > fwd_pd.src_desc().get_size())
-    throw dnnl::error(dnnl_unimplemented, "Winograd passes disagree on activation layouts");
+    throw dnnl::error(dnnl_unimplemented, "blocked passes disagree on activation layouts");
 
   const auto reorder = [](const memory& from, const memory& to) {
     Exec e(dnnl::reorder(from, to));
@@ -178,17 +181,17 @@ std::unique_ptr<WinoPrims> build_wino(const dnnl::engine& eng, const ConvDesc& d
     w->pad_bytes[k] = padded(pads[k]);
   }
 
-  Exec& fwd = w->prims[WinoPrims::kFwd];
+  Exec& fwd = w->prims[BlockedPrims::kFwd];
   fwd = Exec(dnnl::convolution_forward(fwd_pd));
   fwd.arg(DNNL_ARG_SRC, w->src.mem)
       .arg(DNNL_ARG_WEIGHTS, w->w_fwd.active())
       .arg(DNNL_ARG_DST, w->dst.mem);
-  Exec& bwd_data = w->prims[WinoPrims::kBwdData];
+  Exec& bwd_data = w->prims[BlockedPrims::kBwdData];
   bwd_data = Exec(dnnl::convolution_backward_data(bwd_data_pd));
   bwd_data.arg(DNNL_ARG_DIFF_DST, w->diff_dst.mem)
       .arg(DNNL_ARG_WEIGHTS, w->w_bwd.active())
       .arg(DNNL_ARG_DIFF_SRC, w->diff_src.mem);
-  Exec& bwd_w = w->prims[WinoPrims::kBwdWeights];
+  Exec& bwd_w = w->prims[BlockedPrims::kBwdWeights];
   bwd_w = Exec(dnnl::convolution_backward_weights(bwd_w_pd));
   bwd_w.arg(DNNL_ARG_SRC, w->src.mem)
       .arg(DNNL_ARG_DIFF_DST, w->diff_dst.mem)
@@ -201,78 +204,78 @@ std::unique_ptr<WinoPrims> build_wino(const dnnl::engine& eng, const ConvDesc& d
   return w;
 }
 
-// Under CpuConvAlgo::kAuto, passes below this many FLOPs stay direct (too small for the choice to
-// matter; timing them would be mostly noise), and so do passes whose Winograd scratchpad (the
+// Under CpuConvAlgo::kAuto, passes below this many FLOPs stay direct NHWC (too small for the choice
+// to matter; timing them would be mostly noise), and so do passes whose Winograd scratchpad (the
 // transformed weights and tiles: 36 x cin x cout floats and more, for deep layers far larger than
 // their activations) exceeds the cap. The scratchpad is shared by all layers, so Winograd adds at
 // most the cap plus one layer's blocked copies to the run's memory.
 constexpr double kTimedPassMinFlops = 0.2e9;
 constexpr size_t kWinogradMaxScratchpad = size_t{96} << 20;
 
-// Runs `pass(false)` (direct) and `pass(true)` (Winograd) once each to warm up, then once each
-// timed, and says whether Winograd was faster. (Where the two are close the choice matters
-// little; where it matters they differ by up to 2.5x.)
+// Runs `pass(false)` (direct NHWC) and `pass(true)` (on blocked copies, their reorders included)
+// once each to warm up, then once each timed, and says whether the blocked variant was faster.
+// (Where the two are close the choice matters little; where it matters Winograd is up to 2.5x
+// faster.)
 template <typename F>
-bool winograd_faster(const F& pass) {
+bool blocked_faster(const F& pass) {
   using clock = std::chrono::steady_clock;
   double seconds[2] = {0, 0};
   for (int round = 0; round < 2; ++round)
-    for (int wino = 0; wino < 2; ++wino) {
+    for (int alt = 0; alt < 2; ++alt) {
       const auto t0 = clock::now();
-      pass(wino == 1);
-      seconds[wino] = std::chrono::duration<double>(clock::now() - t0).count();
+      pass(alt == 1);
+      seconds[alt] = std::chrono::duration<double>(clock::now() - t0).count();
     }
   return seconds[1] < seconds[0];
 }
 
-// Settles a pass's algorithm on its first use (timing both when asked to) and says whether it is
-// Winograd.
+// Settles a pass's algorithm on its first use (timing both when asked to) and says whether it runs
+// on the blocked copies.
 template <typename F>
-bool use_winograd(PassAlgo& algo, const F& pass) {
+bool use_blocked(PassAlgo& algo, const F& pass) {
   if (algo == PassAlgo::kTimeOnFirstUse)
-    algo = winograd_faster(pass) ? PassAlgo::kWinograd : PassAlgo::kDirect;
-  return algo == PassAlgo::kWinograd;
+    algo = blocked_faster(pass) ? PassAlgo::kBlocked : PassAlgo::kDirect;
+  return algo == PassAlgo::kBlocked;
 }
 
 }  // namespace
 
-size_t WinoPrims::weight_scratch_bytes() const {
+size_t BlockedPrims::weight_scratch_bytes() const {
   return std::max({w_fwd.scratch_bytes(), w_bwd.scratch_bytes(), diff_w.mem.get_desc().get_size()});
 }
 
 size_t ConvPrims::copies_bytes() const {
-  size_t wino_bytes = 0;
-  if (wino) {
+  size_t blocked_bytes = 0;
+  if (blocked) {
     size_t pad = 0;
     for (int k = 0; k < 3; ++k)
-      if (algo[k] != PassAlgo::kDirect) pad = std::max(pad, wino->pad_bytes[k]);
-    wino_bytes = wino->src_bytes + wino->mid_bytes + pad;
+      if (algo[k] != PassAlgo::kDirect) pad = std::max(pad, blocked->pad_bytes[k]);
+    blocked_bytes = blocked->src_bytes + blocked->mid_bytes + pad;
   }
-  return wino_bytes;
+  return blocked_bytes;
 }
 
 size_t ConvPrims::weight_scratch_bytes() const {
   const size_t dw = diff_w_reorder ? diff_w_internal.mem.get_desc().get_size() : 0;
-  return std::max(
-      {w_fwd.scratch_bytes(), w_bwd.scratch_bytes(), dw, wino ? wino->weight_scratch_bytes() : 0});
+  return std::max({w_fwd.scratch_bytes(), w_bwd.scratch_bytes(), dw,
+                   blocked ? blocked->weight_scratch_bytes() : 0});
 }
 
-void ConvPrims::bind_wino_copies(const Scratch& scratch) {
+void ConvPrims::bind_blocked_copies(const Scratch& scratch) {
   char* base = static_cast<char*>(scratch.copies);
-  wino->src.at(base);
-  wino->diff_src.at(base);  // written by backward-data, after backward-weights read src
-  wino->dst.at(base + wino->src_bytes);
-  wino->diff_dst.at(base + wino->src_bytes);
-  for (Bound& pad : wino->pads) pad.at(base + wino->src_bytes + wino->mid_bytes);
+  blocked->src.at(base);
+  blocked->diff_src.at(base);  // written by backward-data, after backward-weights read src
+  blocked->dst.at(base + blocked->src_bytes);
+  blocked->diff_dst.at(base + blocked->src_bytes);
+  for (Bound& pad : blocked->pads) pad.at(base + blocked->src_bytes + blocked->mid_bytes);
 }
 
-void ConvPrims::forward_pass(dnnl::stream& s, const float* w, const Scratch& scratch,
-                             bool winograd) {
-  if (winograd) {
-    wino->w_fwd.prepare(s, w, scratch.weights);
-    wino->src_in.run(s);
-    wino->prims[WinoPrims::kFwd].run(s);
-    wino->dst_out.run(s);
+void ConvPrims::forward_pass(dnnl::stream& s, const float* w, const Scratch& scratch, bool alt) {
+  if (alt) {
+    blocked->w_fwd.prepare(s, w, scratch.weights);
+    blocked->src_in.run(s);
+    blocked->prims[BlockedPrims::kFwd].run(s);
+    blocked->dst_out.run(s);
   } else {
     w_fwd.prepare(s, w, scratch.weights);
     fwd.run(s);
@@ -285,20 +288,21 @@ void ConvPrims::forward(dnnl::stream& s, const void* x, const float* w, const fl
   src.at(x);
   dst.at(y);
   if (has_bias) bias.at(b);
-  if (wino) bind_wino_copies(scratch);
-  forward_pass(s, w, scratch, use_winograd(algo[WinoPrims::kFwd], [&](bool v) {
+  if (blocked) bind_blocked_copies(scratch);
+  forward_pass(s, w, scratch, use_blocked(algo[BlockedPrims::kFwd], [&](bool v) {
                  forward_pass(s, w, scratch, v);
                }));
 }
 
 // The weight gradient, through the weight scratch (oneDNN's layout, then reordered into the
-// caller's), and the bias gradient. Winograd reads the blocked output gradient made by backward().
-void ConvPrims::weights_pass(dnnl::stream& s, const Scratch& scratch, bool winograd) {
-  if (winograd) {
-    wino->diff_w.at(scratch.weights);
-    wino->src_in.run(s);
-    wino->prims[WinoPrims::kBwdWeights].run(s);
-    wino->diff_w_out.run(s);
+// caller's), and the bias gradient. The blocked variant reads the output gradient's blocked copy
+// made by backward().
+void ConvPrims::weights_pass(dnnl::stream& s, const Scratch& scratch, bool alt) {
+  if (alt) {
+    blocked->diff_w.at(scratch.weights);
+    blocked->src_in.run(s);
+    blocked->prims[BlockedPrims::kBwdWeights].run(s);
+    blocked->diff_w_out.run(s);
   } else {
     if (diff_w_reorder) diff_w_internal.at(scratch.weights);
     bwd_weights.run(s);
@@ -309,11 +313,11 @@ void ConvPrims::weights_pass(dnnl::stream& s, const Scratch& scratch, bool winog
 
 // The data gradient (its reordered weights reuse the weight scratch once the weight gradient is
 // out of it).
-void ConvPrims::data_pass(dnnl::stream& s, const float* w, const Scratch& scratch, bool winograd) {
-  if (winograd) {
-    wino->w_bwd.prepare(s, w, scratch.weights);
-    wino->prims[WinoPrims::kBwdData].run(s);
-    wino->diff_src_out.run(s);
+void ConvPrims::data_pass(dnnl::stream& s, const float* w, const Scratch& scratch, bool alt) {
+  if (alt) {
+    blocked->w_bwd.prepare(s, w, scratch.weights);
+    blocked->prims[BlockedPrims::kBwdData].run(s);
+    blocked->diff_src_out.run(s);
   } else {
     w_bwd.prepare(s, w, scratch.weights);
     bwd_data.run(s);
@@ -330,22 +334,22 @@ void ConvPrims::backward(dnnl::stream& s, const void* x, const float* w, const v
   diff_w_user.at(dw);
   if (has_bias) diff_bias.at(db);
   if (dx != nullptr) diff_src.at(dx);
-  if (wino) {  // the blocked output gradient, for whichever backward pass runs Winograd
-    bind_wino_copies(scratch);
-    if (algo[WinoPrims::kBwdWeights] != PassAlgo::kDirect ||
-        (dx != nullptr && algo[WinoPrims::kBwdData] != PassAlgo::kDirect))
-      wino->diff_dst_in.run(s);
+  if (blocked) {  // the blocked output gradient, for whichever backward pass runs blocked
+    bind_blocked_copies(scratch);
+    if (algo[BlockedPrims::kBwdWeights] != PassAlgo::kDirect ||
+        (dx != nullptr && algo[BlockedPrims::kBwdData] != PassAlgo::kDirect))
+      blocked->diff_dst_in.run(s);
   }
-  // Timing charges Winograd with its output-gradient conversion.
+  // Timing charges the blocked variant with its output-gradient conversion.
   const auto convert = [&](bool v) {
-    if (v) wino->diff_dst_in.run(s);
+    if (v) blocked->diff_dst_in.run(s);
   };
-  weights_pass(s, scratch, use_winograd(algo[WinoPrims::kBwdWeights], [&](bool v) {
+  weights_pass(s, scratch, use_blocked(algo[BlockedPrims::kBwdWeights], [&](bool v) {
                  convert(v);
                  weights_pass(s, scratch, v);
                }));
   if (dx != nullptr)
-    data_pass(s, w, scratch, use_winograd(algo[WinoPrims::kBwdData], [&](bool v) {
+    data_pass(s, w, scratch, use_blocked(algo[BlockedPrims::kBwdData], [&](bool v) {
                 convert(v);
                 data_pass(s, w, scratch, v);
               }));
@@ -366,20 +370,31 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
   if (bf16 || algo == CpuConvAlgo::kDirect || d.kernel != 3 || d.stride != 1 ||
       (algo == CpuConvAlgo::kAuto && flops < kTimedPassMinFlops))
     return p;
-  try {
-    p->wino = build_wino(eng, d, *p, user_w);
-  } catch (const dnnl::error&) {
-    return p;  // no Winograd kernel for this shape or CPU: direct
-  }
+  // `auto` tries Winograd, and where oneDNN has none for this shape or CPU (on AVX2 it has none
+  // at all) the direct kernels on the blocked layout; a forced choice tries only its own.
+  const auto build_variant = [&](CpuConvAlgo variant) {
+    try {
+      p->blocked = build_blocked(eng, d, *p, user_w,
+                                 variant == CpuConvAlgo::kWinograd ? algorithm::convolution_winograd
+                                                                   : algorithm::convolution_direct);
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  };
+  const bool built = algo == CpuConvAlgo::kAuto ? build_variant(CpuConvAlgo::kWinograd) ||
+                                                      build_variant(CpuConvAlgo::kBlocked)
+                                                : build_variant(algo);
+  if (!built) return p;  // direct NHWC only
   bool any = false;
   for (int k = 0; k < 3; ++k) {
-    if (algo == CpuConvAlgo::kWinograd)
-      p->algo[k] = PassAlgo::kWinograd;
-    else if (p->wino->pad_bytes[k] <= kWinogradMaxScratchpad)
+    if (algo != CpuConvAlgo::kAuto)
+      p->algo[k] = PassAlgo::kBlocked;
+    else if (p->blocked->pad_bytes[k] <= kWinogradMaxScratchpad)
       p->algo[k] = PassAlgo::kTimeOnFirstUse;
     any = any || p->algo[k] != PassAlgo::kDirect;
   }
-  if (!any) p->wino.reset();
+  if (!any) p->blocked.reset();
   return p;
 }
 

@@ -319,14 +319,43 @@ class CpuBackend final : public Backend {
     if (bf16_) return "cpu (bf16 activations and convolutions)";
     switch (conv_algo_) {
       case CpuConvAlgo::kAuto:
-        if (!cpu_winograd_support().empty()) break;  // nothing to choose from
-        return "cpu (3x3 convolutions: direct or Winograd, timed)";
+        return cpu_winograd_support().empty()
+                   ? "cpu (3x3 convolutions: direct or Winograd, timed)"
+                   : "cpu (3x3 convolutions: direct on NHWC or on blocked copies, timed)";
       case CpuConvAlgo::kWinograd:
         return "cpu (Winograd 3x3 convolutions)";
+      case CpuConvAlgo::kBlocked:
+        return "cpu (3x3 convolutions on blocked copies)";
       case CpuConvAlgo::kDirect:
         break;
     }
     return "cpu";
+  }
+
+  std::string kernel_choices() const override {
+    if (conv_algo_ == CpuConvAlgo::kDirect || bf16_) return {};
+    // Per pass: [direct NHWC, direct on blocked copies, Winograd, not yet run].
+    int counts[3][4] = {};
+    for (const auto& entry : conv_cache_) {
+      const cpu::ConvPrims& p = *entry.second;
+      for (int k = 0; k < 3; ++k) {
+        const cpu::PassAlgo a = p.algo[k];
+        ++counts[k][a == cpu::PassAlgo::kDirect           ? 0
+                    : a == cpu::PassAlgo::kTimeOnFirstUse ? 3
+                    : p.blocked->winograd                 ? 2
+                                                          : 1];
+      }
+    }
+    static const char* const kPasses[3] = {"forward", "backward data", "backward weights"};
+    static const char* const kKinds[4] = {"direct", "blocked", "Winograd", "not yet run"};
+    std::string s;
+    for (int k :
+         {cpu::BlockedPrims::kFwd, cpu::BlockedPrims::kBwdData, cpu::BlockedPrims::kBwdWeights}) {
+      s += str_cat(s.empty() ? "" : "; ", kPasses[k], ":");
+      for (int kind = 0; kind < 4; ++kind)
+        if (counts[k][kind] > 0) s += str_cat(" ", counts[k][kind], " ", kKinds[kind]);
+    }
+    return s;
   }
 
   DType activation_type() const override { return bf16_ ? DType::kBFloat16 : DType::kFloat32; }

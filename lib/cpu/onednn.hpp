@@ -98,29 +98,32 @@ struct WeightsIn {
 // Scratch memory from the caller, shared by every layer (a layer needs it only while its
 // primitives run): `weights` (weight_scratch_bytes(): reordered weights, or the weight gradient
 // in oneDNN's layout before its reorder back) and `copies` (copies_bytes(): the blocked activation
-// copies that Winograd passes read and write).
+// copies that the passes on oneDNN's own layout read and write).
 struct Scratch {
   void* weights = nullptr;
   void* copies = nullptr;
 };
 
-// The Winograd variants (oneDNN's jit_wino_4x3, fp32, 3x3 stride 1) of a convolution's three
-// passes. They read and write blocked copies (oneDNN's choice, nChw16c) of the NHWC tensors and
-// need a scratchpad (the transformed tiles), all in the copies scratch: [src, later diff_src |
-// dst or diff_dst | scratchpad]; weights go through the weight scratch in their own layouts.
-struct WinoPrims {
+// The blocked variants of a convolution's three passes (fp32, 3x3 stride 1): oneDNN's Winograd
+// (jit_wino_4x3, AVX-512) or, where it has none, its direct kernels on its own blocked layout
+// (nChw8c on AVX2, nChw16c on AVX-512), which run faster there than on NHWC. They read and write
+// blocked copies of the NHWC tensors and may need a scratchpad (Winograd's transformed tiles), all
+// in the copies scratch: [src, later diff_src | dst or diff_dst | scratchpad]; weights go through
+// the weight scratch in their own layouts.
+struct BlockedPrims {
   enum Pass { kFwd, kBwdData, kBwdWeights };
   Exec prims[3];
   Exec src_in, dst_out, diff_dst_in, diff_src_out, diff_w_out;  // reorders to and from NHWC/OIHW
   Bound src, dst, diff_dst, diff_src, diff_w, pads[3];
   WeightsIn w_fwd, w_bwd;
   size_t src_bytes = 0, mid_bytes = 0, pad_bytes[3] = {0, 0, 0};
+  bool winograd = false;  // else direct kernels on the blocked layout
   size_t weight_scratch_bytes() const;
 };
 
-// How each pass of a convolution runs: direct NHWC kernels, or Winograd (decided on the pass's
-// first use when timing picks; see make_conv).
-enum class PassAlgo : uint8_t { kDirect, kWinograd, kTimeOnFirstUse };
+// How each pass of a convolution runs: direct NHWC kernels, or the blocked variant (decided on the
+// pass's first use when timing picks; see make_conv).
+enum class PassAlgo : uint8_t { kDirect, kBlocked, kTimeOnFirstUse };
 
 // Forward, backward-data and backward-weights of a convolution or transposed convolution with
 // optional bias and fused ReLU, all bound to their arguments once.
@@ -131,8 +134,9 @@ struct ConvPrims {
   Bound src, dst, bias, diff_dst, diff_src, diff_bias, diff_w_user, diff_w_internal;
   WeightsIn w_fwd, w_bwd;
   bool diff_w_reorder = false, relu = false, has_bias = false;
-  std::unique_ptr<WinoPrims> wino;  // null where no pass may run Winograd
-  PassAlgo algo[3] = {PassAlgo::kDirect, PassAlgo::kDirect, PassAlgo::kDirect};  // WinoPrims::Pass
+  std::unique_ptr<BlockedPrims> blocked;  // null where every pass runs direct NHWC
+  PassAlgo algo[3] = {PassAlgo::kDirect, PassAlgo::kDirect,
+                      PassAlgo::kDirect};  // BlockedPrims::Pass
 
   size_t copies_bytes() const;
   size_t weight_scratch_bytes() const;
@@ -142,11 +146,12 @@ struct ConvPrims {
                 float* dw, float* db, const Scratch& scratch);
 
  private:
-  // One pass each, on tensors already bound; `winograd` picks the variant. Each waits for its work.
-  void forward_pass(dnnl::stream& s, const float* w, const Scratch& scratch, bool winograd);
-  void weights_pass(dnnl::stream& s, const Scratch& scratch, bool winograd);
-  void data_pass(dnnl::stream& s, const float* w, const Scratch& scratch, bool winograd);
-  void bind_wino_copies(const Scratch& scratch);
+  // One pass each, on tensors already bound; `alt` picks the blocked variant. Each waits for its
+  // work.
+  void forward_pass(dnnl::stream& s, const float* w, const Scratch& scratch, bool alt);
+  void weights_pass(dnnl::stream& s, const Scratch& scratch, bool alt);
+  void data_pass(dnnl::stream& s, const float* w, const Scratch& scratch, bool alt);
+  void bind_blocked_copies(const Scratch& scratch);
 };
 
 std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d, bool bf16,

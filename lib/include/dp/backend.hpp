@@ -70,6 +70,10 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+  // The kernels chosen so far where the backend has a choice (the CPU's --cpu-conv other than
+  // direct: per convolution pass, how many run direct on NHWC, direct on blocked copies or
+  // Winograd); empty where there is none.
+  virtual std::string kernel_choices() const { return {}; }
   // Where the tensors live: null for host memory (CPU), else the device's allocator.
   virtual DeviceMemory* device_memory() { return nullptr; }
   virtual void synchronize() {}
@@ -216,13 +220,15 @@ enum class Precision { kFloat32, kBFloat16 };
 
 // How the CPU backend runs fp32 3x3 stride-1 convolutions, pass by pass (forward, backward data,
 // backward weights). kDirect (the library's default): oneDNN's direct kernels only, bitwise
-// reproducible. kAuto (dptrain's default, --cpu-conv): the direct kernel, or oneDNN's Winograd
-// kernel (F(4x4, 3x3), on blocked copies of the activations) where that measured faster on this
-// machine: both are timed on the layer's own tensors at the pass's first use, for passes of at
-// least 0.2 GFLOP whose Winograd scratchpad fits 96 MiB (the choice may differ between runs and
-// ranks; results differ in the last bits). kWinograd: Winograd wherever oneDNN has it, whatever
-// its memory (tests).
-enum class CpuConvAlgo { kDirect, kAuto, kWinograd };
+// reproducible. kAuto (dptrain's default, --cpu-conv): the direct kernel on NHWC, or an
+// alternative on blocked copies of the activations where that measured faster on this machine:
+// oneDNN's Winograd kernel (F(4x4, 3x3); AVX-512 only) or, where it has none, its direct kernels on
+// its blocked layout (nChw8c on AVX2). Both are timed on the layer's own tensors at the pass's
+// first use, for passes of at least 0.2 GFLOP whose scratchpad fits 96 MiB (the choice may differ
+// between runs and ranks; results differ in the last bits). kWinograd: Winograd wherever oneDNN
+// has it, whatever its memory; kBlocked: the direct kernels on blocked copies for every 3x3
+// stride-1 pass (tests, benchmarks).
+enum class CpuConvAlgo { kDirect, kAuto, kWinograd, kBlocked };
 
 struct CpuOptions {
   Precision precision = Precision::kFloat32;
