@@ -4,8 +4,10 @@
 # Usage: bash bench/cluster_bench.sh [BUILD_DIR]   (root; default build/default)
 # Environment: REPEATS (2) rounds, interleaved; EPOCHS (3) per run, the best epoch after the first
 # is kept; DIVISOR (8), SIZE (64), BATCH (4), TRAIN (512) as in issue 20's first try; MPI_EXTRA:
-# more mpirun options for the 2-node runs (e.g. "--mca mpi_yield_when_idle 0"). The 2-node runs go
-# with --bind-to none and, as issue 20's first try did, Open MPI's default --bind-to core.
+# more mpirun options for the 2-node runs (e.g. "--mca mpi_yield_when_idle 0"); SKIP_ALLREDUCE=1:
+# dptrain only. bench_allreduce runs with --bind-to none and, as issue 20's first try did, Open
+# MPI's default --bind-to core; dptrain with --bind-to none, overlapped (with and without the
+# reducer's progress thread) and --no-overlap.
 # The nodes are network namespaces joined by veth links through a bridge: one kernel, memory
 # copies, no NIC. A functional cluster, not a fast network.
 set -uo pipefail
@@ -30,13 +32,13 @@ one_node=(on_node 1 mpirun --allow-run-as-root --bind-to none --mca pml ob1 --mc
 two_nodes=(cluster_mpirun ${extra[@]+"${extra[@]}"} --host node1:1,node2:1)
 
 echo "== load average: $(cut -d' ' -f1-3 /proc/loadavg)"
-for bind in none core; do
+[[ ${SKIP_ALLREDUCE:-0} == 1 ]] || for bind in none core; do
   echo "== bench_allreduce, 2 ranks on 2 nodes (btl tcp,self), --bind-to $bind"
   CLUSTER_BIND=$bind "${two_nodes[@]}" -np 2 -x OMP_NUM_THREADS "$build/bench/bench_allreduce" \
     --iters 10 | grep '|'
 done
 echo "== bench_allreduce, 2 ranks on 1 node (btl vader,self)"
-"${one_node[@]}" -np 2 -x OMP_NUM_THREADS "$build/bench/bench_allreduce" --iters 10 | grep '|'
+[[ ${SKIP_ALLREDUCE:-0} == 1 ]] || "${one_node[@]}" -np 2 -x OMP_NUM_THREADS "$build/bench/bench_allreduce" --iters 10 | grep '|'
 
 # best_epoch LOG: the best img/s of epochs 2.. and the all-reduce wait logged with it
 best_epoch() {
@@ -49,14 +51,14 @@ common=(--data "$work/d.h5" --width-divisor "$DIVISOR" --batch-size "$BATCH" --e
         --log-every 100000 --cpu-conv direct)
 echo "== dptrain unet16 /$DIVISOR ${SIZE}x$SIZE batch $BATCH per rank, 1 thread per rank; best epoch after the first"
 for ((round = 1; round <= REPEATS; ++round)); do
-  for overlap in "" --no-overlap; do
-    for where in "1 node, 2 ranks (vader)" "2 nodes, 1 rank each (tcp), --bind-to none" \
-                 "2 nodes, 1 rank each (tcp), --bind-to core"; do
+  for overlap in "" "--progress-us 0" --no-overlap; do
+    for where in "1 node, 2 ranks (vader)" "2 nodes, 1 rank each (tcp), --bind-to none"; do
       dir=$work/m$RANDOM
       if [[ $where == 1* ]]; then launch=("${one_node[@]}"); else launch=("${two_nodes[@]}"); fi
+      # shellcheck disable=SC2086  # $overlap: zero, one or two words
       CLUSTER_BIND=${where##* } "${launch[@]}" -np 2 -x OMP_NUM_THREADS "$build/app/dptrain" \
         "${common[@]}" --model-dir "$dir" $overlap >"$dir.log" 2>&1 || { tail -n 5 "$dir.log"; exit 1; }
-      echo "round $round | $where | ${overlap:-overlapped} | $(best_epoch "$dir.log")"
+      echo "round $round | $where | ${overlap:-overlapped, progress thread} | $(best_epoch "$dir.log")"
     done
   done
 done
