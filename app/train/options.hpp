@@ -108,7 +108,8 @@ struct TrainOptions {
 // Parses argv. Returns nullopt after printing --help. Throws UsageError on any bad value.
 std::optional<TrainOptions> parse_train_options(int argc, const char* const* argv, bool print_help);
 
-// --cpu-conv's value (auto, direct, winograd or blocked) as a CpuConvAlgo; UsageError for anything else.
+// --cpu-conv's value (auto, direct, winograd or blocked) as a CpuConvAlgo; UsageError for anything
+// else.
 CpuConvAlgo parse_cpu_conv(const std::string& value);
 // --precision fp32|bf16 (dptrain, dppredict); anything else is a UsageError.
 Precision parse_precision(const std::string& value);
