@@ -63,7 +63,7 @@ def isa_env(isa):
 
 def verbose_isa(text):
     """oneDNN's own words for the ISA it dispatches to, from an ONEDNN_VERBOSE=1 log."""
-    m = re.search(r"_verbose,info,cpu,isa:(.*)", text)
+    m = re.search(r"_verbose,(?:v\d+,)?info,cpu,isa:(.*)", text)  # oneDNN 3 adds "v1,"
     return m.group(1).strip() if m else "no oneDNN primitive ran"
 
 

@@ -225,9 +225,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "GPUs)")(
       "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
       "CPU fp32 3x3 stride-1 convolutions: auto (per pass, whichever is faster when timed at "
-      "first use: direct on NHWC, or Winograd where oneDNN has it, else direct on oneDNN's blocked "
-      "layout), direct, winograd (oneDNN 2.x has it on AVX-512 only; elsewhere an error) or "
-      "blocked; --deterministic implies direct")(
+      "first use: direct on NHWC, Winograd where oneDNN has it, else direct on oneDNN's blocked "
+      "layout, or nine shifted GEMMs), direct, winograd (oneDNN 2.x has it on AVX-512 only; "
+      "elsewhere an error), blocked or gemm; --deterministic implies direct")(
       "no-tf32", po::bool_switch(),
       "GPU: fp32 convolutions without TF32 tensor cores (slower, closer to the CPU)")(
       "threads", po::value(&o.threads)->default_value(o.threads),
@@ -412,8 +412,9 @@ CpuConvAlgo parse_cpu_conv(const std::string& value) {
   if (value == "direct") return CpuConvAlgo::kDirect;
   if (value == "winograd") return CpuConvAlgo::kWinograd;
   if (value == "blocked") return CpuConvAlgo::kBlocked;
+  if (value == "gemm") return CpuConvAlgo::kGemm;
   throw UsageError(
-      str_cat("--cpu-conv must be auto, direct, winograd or blocked, got '", value, "'"));
+      str_cat("--cpu-conv must be auto, direct, winograd, blocked or gemm, got '", value, "'"));
 }
 
 Precision parse_precision(const std::string& value) {

@@ -384,13 +384,9 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     // What runs, not what was asked: a choice this CPU cannot make is refused by make_backend().
     const bool bf16 = opt_.precision == "bf16";
     std::string convs = bf16 ? "bf16 activations and convolutions" : "fp32 convolutions";
-    if (!bf16 && !opt_.deterministic && opt_.cpu_conv != "direct")
-      convs += opt_.cpu_conv == "blocked" ? " (3x3: direct on blocked copies)"
-               : !cpu_winograd_support().empty()
-                   ? " (3x3: direct on NHWC or on blocked copies, timed at first use; oneDNN has "
-                     "no Winograd on this CPU)"
-               : opt_.cpu_conv == "winograd" ? " (3x3: Winograd)"
-                                             : " (3x3: direct or Winograd, timed at first use)";
+    const std::string kernels =
+        cpu_conv_kernels(opt_.deterministic ? CpuConvAlgo::kDirect : parse_cpu_conv(opt_.cpu_conv));
+    if (!bf16 && !kernels.empty()) convs += " (" + kernels + ")";
     log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN, ", cpu_isa_name(), "), ",
               omp_get_max_threads(), " thread(s) per rank, ", convs);
   }

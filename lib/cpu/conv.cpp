@@ -212,30 +212,28 @@ std::unique_ptr<BlockedPrims> build_blocked(const dnnl::engine& eng, const ConvD
 constexpr double kTimedPassMinFlops = 0.2e9;
 constexpr size_t kWinogradMaxScratchpad = size_t{96} << 20;
 
-// Runs `pass(false)` (direct NHWC) and `pass(true)` (on blocked copies, their reorders included)
-// once each to warm up, then once each timed, and says whether the blocked variant was faster.
-// (Where the two are close the choice matters little; where it matters Winograd is up to 2.5x
-// faster.)
+// Runs `pass(a)` for each candidate kernel once to warm up, then once each timed (their
+// conversions included), and returns the fastest. (Where two are close the choice matters little;
+// where it matters Winograd is up to 2.5x faster than direct NHWC, and the GEMMs up to 2x in
+// backward-weights on AVX2.)
 template <typename F>
-bool blocked_faster(const F& pass) {
+PassAlgo fastest(const std::vector<PassAlgo>& candidates, const F& pass) {
   using clock = std::chrono::steady_clock;
-  double seconds[2] = {0, 0};
+  std::vector<double> seconds(candidates.size());
   for (int round = 0; round < 2; ++round)
-    for (int alt = 0; alt < 2; ++alt) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
       const auto t0 = clock::now();
-      pass(alt == 1);
-      seconds[alt] = std::chrono::duration<double>(clock::now() - t0).count();
+      pass(candidates[i]);
+      seconds[i] = std::chrono::duration<double>(clock::now() - t0).count();
     }
-  return seconds[1] < seconds[0];
+  return candidates[size_t(std::min_element(seconds.begin(), seconds.end()) - seconds.begin())];
 }
 
-// Settles a pass's algorithm on its first use (timing both when asked to) and says whether it runs
-// on the blocked copies.
+// Settles a pass's kernel on its first use (timing the candidates when asked to).
 template <typename F>
-bool use_blocked(PassAlgo& algo, const F& pass) {
-  if (algo == PassAlgo::kTimeOnFirstUse)
-    algo = blocked_faster(pass) ? PassAlgo::kBlocked : PassAlgo::kDirect;
-  return algo == PassAlgo::kBlocked;
+PassAlgo settle(PassAlgo& algo, const std::vector<PassAlgo>& candidates, const F& pass) {
+  if (algo == PassAlgo::kTimeOnFirstUse) algo = fastest(candidates, pass);
+  return algo;
 }
 
 }  // namespace
@@ -244,21 +242,36 @@ size_t BlockedPrims::weight_scratch_bytes() const {
   return std::max({w_fwd.scratch_bytes(), w_bwd.scratch_bytes(), diff_w.mem.get_desc().get_size()});
 }
 
+std::vector<PassAlgo> ConvPrims::candidates(int pass) const {
+  std::vector<PassAlgo> c{PassAlgo::kDirect};
+  if (blocked && blocked->pad_bytes[pass] <= kWinogradMaxScratchpad)
+    c.push_back(PassAlgo::kBlocked);
+  if (gemm) c.push_back(PassAlgo::kGemm);
+  return c;
+}
+
+size_t ConvPrims::blocked_bytes() const {
+  if (!blocked) return 0;
+  size_t pad = 0;
+  for (int k = 0; k < 3; ++k)
+    if (algo[k] == PassAlgo::kBlocked || algo[k] == PassAlgo::kTimeOnFirstUse)
+      pad = std::max(pad, blocked->pad_bytes[k]);
+  return blocked->src_bytes + blocked->mid_bytes + pad;
+}
+
 size_t ConvPrims::copies_bytes() const {
-  size_t blocked_bytes = 0;
-  if (blocked) {
-    size_t pad = 0;
-    for (int k = 0; k < 3; ++k)
-      if (algo[k] != PassAlgo::kDirect) pad = std::max(pad, blocked->pad_bytes[k]);
-    blocked_bytes = blocked->src_bytes + blocked->mid_bytes + pad;
-  }
-  return blocked_bytes;
+  return std::max(blocked_bytes(), gemm ? gemm_offset + gemm->copies_bytes() : 0);
+}
+
+void* ConvPrims::gemm_copies(const Scratch& scratch) const {
+  return static_cast<char*>(scratch.copies) + gemm_offset;
 }
 
 size_t ConvPrims::weight_scratch_bytes() const {
   const size_t dw = diff_w_reorder ? diff_w_internal.mem.get_desc().get_size() : 0;
   return std::max({w_fwd.scratch_bytes(), w_bwd.scratch_bytes(), dw,
-                   blocked ? blocked->weight_scratch_bytes() : 0});
+                   blocked ? blocked->weight_scratch_bytes() : 0,
+                   gemm ? gemm->weight_scratch_bytes() : 0});
 }
 
 void ConvPrims::bind_blocked_copies(const Scratch& scratch) {
@@ -270,8 +283,14 @@ void ConvPrims::bind_blocked_copies(const Scratch& scratch) {
   for (Bound& pad : blocked->pads) pad.at(base + blocked->src_bytes + blocked->mid_bytes);
 }
 
-void ConvPrims::forward_pass(dnnl::stream& s, const float* w, const Scratch& scratch, bool alt) {
-  if (alt) {
+void ConvPrims::forward_pass(dnnl::stream& s, const void* x, const float* w, const float* b,
+                             void* y, const Scratch& scratch, PassAlgo a) {
+  if (a == PassAlgo::kGemm) {
+    gemm->forward(static_cast<const float*>(x), w, b, static_cast<float*>(y), scratch.weights,
+                  gemm_copies(scratch));
+    return;
+  }
+  if (a == PassAlgo::kBlocked) {
     blocked->w_fwd.prepare(s, w, scratch.weights);
     blocked->src_in.run(s);
     blocked->prims[BlockedPrims::kFwd].run(s);
@@ -289,16 +308,21 @@ void ConvPrims::forward(dnnl::stream& s, const void* x, const float* w, const fl
   dst.at(y);
   if (has_bias) bias.at(b);
   if (blocked) bind_blocked_copies(scratch);
-  forward_pass(s, w, scratch, use_blocked(algo[BlockedPrims::kFwd], [&](bool v) {
-                 forward_pass(s, w, scratch, v);
-               }));
+  const auto pass = [&](PassAlgo a) { forward_pass(s, x, w, b, y, scratch, a); };
+  pass(settle(algo[BlockedPrims::kFwd], candidates(BlockedPrims::kFwd), pass));
 }
 
 // The weight gradient, through the weight scratch (oneDNN's layout, then reordered into the
 // caller's), and the bias gradient. The blocked variant reads the output gradient's blocked copy
 // made by backward().
-void ConvPrims::weights_pass(dnnl::stream& s, const Scratch& scratch, bool alt) {
-  if (alt) {
+void ConvPrims::weights_pass(dnnl::stream& s, const void* x, const void* dy, float* dw, float* db,
+                             const Scratch& scratch, PassAlgo a) {
+  if (a == PassAlgo::kGemm) {
+    gemm->backward_weights(static_cast<const float*>(x), static_cast<const float*>(dy), dw, db,
+                           scratch.weights, gemm_copies(scratch));
+    return;
+  }
+  if (a == PassAlgo::kBlocked) {
     blocked->diff_w.at(scratch.weights);
     blocked->src_in.run(s);
     blocked->prims[BlockedPrims::kBwdWeights].run(s);
@@ -313,8 +337,14 @@ void ConvPrims::weights_pass(dnnl::stream& s, const Scratch& scratch, bool alt) 
 
 // The data gradient (its reordered weights reuse the weight scratch once the weight gradient is
 // out of it).
-void ConvPrims::data_pass(dnnl::stream& s, const float* w, const Scratch& scratch, bool alt) {
-  if (alt) {
+void ConvPrims::data_pass(dnnl::stream& s, const float* w, const void* dy, void* dx,
+                          const Scratch& scratch, PassAlgo a) {
+  if (a == PassAlgo::kGemm) {
+    gemm->backward_data(static_cast<const float*>(dy), w, static_cast<float*>(dx), scratch.weights,
+                        gemm_copies(scratch));
+    return;
+  }
+  if (a == PassAlgo::kBlocked) {
     blocked->w_bwd.prepare(s, w, scratch.weights);
     blocked->prims[BlockedPrims::kBwdData].run(s);
     blocked->diff_src_out.run(s);
@@ -331,28 +361,37 @@ void ConvPrims::backward(dnnl::stream& s, const void* x, const float* w, const v
   dst.at(y);
   diff_dst.at(dy);
   if (relu) relu_bwd.run(s);
+  s.wait();  // the GEMMs read the masked gradient outside the stream
   diff_w_user.at(dw);
   if (has_bias) diff_bias.at(db);
   if (dx != nullptr) diff_src.at(dx);
+  const auto may_be_blocked = [&](int pass) {
+    return algo[pass] == PassAlgo::kBlocked || algo[pass] == PassAlgo::kTimeOnFirstUse;
+  };
   if (blocked) {  // the blocked output gradient, for whichever backward pass runs blocked
     bind_blocked_copies(scratch);
-    if (algo[BlockedPrims::kBwdWeights] != PassAlgo::kDirect ||
-        (dx != nullptr && algo[BlockedPrims::kBwdData] != PassAlgo::kDirect))
+    if (may_be_blocked(BlockedPrims::kBwdWeights) ||
+        (dx != nullptr && may_be_blocked(BlockedPrims::kBwdData)))
       blocked->diff_dst_in.run(s);
   }
   // Timing charges the blocked variant with its output-gradient conversion.
-  const auto convert = [&](bool v) {
-    if (v) blocked->diff_dst_in.run(s);
+  const auto convert = [&](PassAlgo a) {
+    if (a == PassAlgo::kBlocked) blocked->diff_dst_in.run(s);
   };
-  weights_pass(s, scratch, use_blocked(algo[BlockedPrims::kBwdWeights], [&](bool v) {
-                 convert(v);
-                 weights_pass(s, scratch, v);
-               }));
-  if (dx != nullptr)
-    data_pass(s, w, scratch, use_blocked(algo[BlockedPrims::kBwdData], [&](bool v) {
-                convert(v);
-                data_pass(s, w, scratch, v);
-              }));
+  const auto weights = [&](PassAlgo a) {
+    convert(a);
+    weights_pass(s, x, dy, dw, db, scratch, a);
+  };
+  weights_pass(
+      s, x, dy, dw, db, scratch,
+      settle(algo[BlockedPrims::kBwdWeights], candidates(BlockedPrims::kBwdWeights), weights));
+  if (dx == nullptr) return;
+  const auto data = [&](PassAlgo a) {
+    convert(a);
+    data_pass(s, w, dy, dx, scratch, a);
+  };
+  data_pass(s, w, dy, dx, scratch,
+            settle(algo[BlockedPrims::kBwdData], candidates(BlockedPrims::kBwdData), data));
 }
 
 std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d, bool bf16,
@@ -370,8 +409,15 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
   if (bf16 || algo == CpuConvAlgo::kDirect || d.kernel != 3 || d.stride != 1 ||
       (algo == CpuConvAlgo::kAuto && flops < kTimedPassMinFlops))
     return p;
+  if (algo == CpuConvAlgo::kGemm) {
+    if (!GemmConv::fits(d)) return p;
+    p->gemm = std::make_unique<GemmConv>(d);
+    for (PassAlgo& a : p->algo) a = PassAlgo::kGemm;
+    return p;
+  }
   // `auto` tries Winograd, and where oneDNN has none for this shape or CPU (on AVX2 it has none
-  // at all) the direct kernels on the blocked layout; a forced choice tries only its own.
+  // at all) the direct kernels on the blocked layout, and the GEMMs; a forced choice tries only
+  // its own.
   const auto build_variant = [&](CpuConvAlgo variant) {
     try {
       p->blocked = build_blocked(eng, d, *p, user_w,
@@ -382,19 +428,21 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
       return false;
     }
   };
-  const bool built = algo == CpuConvAlgo::kAuto ? build_variant(CpuConvAlgo::kWinograd) ||
-                                                      build_variant(CpuConvAlgo::kBlocked)
-                                                : build_variant(algo);
-  if (!built) return p;  // direct NHWC only
-  bool any = false;
-  for (int k = 0; k < 3; ++k) {
-    if (algo != CpuConvAlgo::kAuto)
-      p->algo[k] = PassAlgo::kBlocked;
-    else if (p->blocked->pad_bytes[k] <= kWinogradMaxScratchpad)
-      p->algo[k] = PassAlgo::kTimeOnFirstUse;
-    any = any || p->algo[k] != PassAlgo::kDirect;
+  if (algo != CpuConvAlgo::kAuto) {
+    if (build_variant(algo))
+      for (PassAlgo& a : p->algo) a = PassAlgo::kBlocked;
+    return p;  // direct NHWC only where oneDNN has no such variant
   }
-  if (!any) p->blocked.reset();
+  if (!build_variant(CpuConvAlgo::kWinograd)) build_variant(CpuConvAlgo::kBlocked);
+  if (GemmConv::fits(d)) p->gemm = std::make_unique<GemmConv>(d);
+  bool blocked_used = false;
+  for (int k = 0; k < 3; ++k) {
+    const std::vector<PassAlgo> c = p->candidates(k);
+    if (c.size() > 1) p->algo[k] = PassAlgo::kTimeOnFirstUse;
+    blocked_used = blocked_used || std::count(c.begin(), c.end(), PassAlgo::kBlocked) > 0;
+  }
+  if (!blocked_used) p->blocked.reset();
+  p->gemm_offset = (p->blocked_bytes() + 63) / 64 * 64;
   return p;
 }
 

@@ -317,42 +317,32 @@ class CpuBackend final : public Backend {
 
   std::string name() const override {
     if (bf16_) return "cpu (bf16 activations and convolutions)";
-    switch (conv_algo_) {
-      case CpuConvAlgo::kAuto:
-        return cpu_winograd_support().empty()
-                   ? "cpu (3x3 convolutions: direct or Winograd, timed)"
-                   : "cpu (3x3 convolutions: direct on NHWC or on blocked copies, timed)";
-      case CpuConvAlgo::kWinograd:
-        return "cpu (Winograd 3x3 convolutions)";
-      case CpuConvAlgo::kBlocked:
-        return "cpu (3x3 convolutions on blocked copies)";
-      case CpuConvAlgo::kDirect:
-        break;
-    }
-    return "cpu";
+    const std::string k = cpu_conv_kernels(conv_algo_);
+    return k.empty() ? "cpu" : "cpu (" + k + ")";
   }
 
   std::string kernel_choices() const override {
     if (conv_algo_ == CpuConvAlgo::kDirect || bf16_) return {};
-    // Per pass: [direct NHWC, direct on blocked copies, Winograd, not yet run].
-    int counts[3][4] = {};
+    // Per pass: [direct NHWC, direct on blocked copies, Winograd, GEMMs, not yet run].
+    int counts[3][5] = {};
     for (const auto& entry : conv_cache_) {
       const cpu::ConvPrims& p = *entry.second;
       for (int k = 0; k < 3; ++k) {
         const cpu::PassAlgo a = p.algo[k];
         ++counts[k][a == cpu::PassAlgo::kDirect           ? 0
-                    : a == cpu::PassAlgo::kTimeOnFirstUse ? 3
+                    : a == cpu::PassAlgo::kGemm           ? 3
+                    : a == cpu::PassAlgo::kTimeOnFirstUse ? 4
                     : p.blocked->winograd                 ? 2
                                                           : 1];
       }
     }
     static const char* const kPasses[3] = {"forward", "backward data", "backward weights"};
-    static const char* const kKinds[4] = {"direct", "blocked", "Winograd", "not yet run"};
+    static const char* const kKinds[5] = {"direct", "blocked", "Winograd", "GEMM", "not yet run"};
     std::string s;
     for (int k :
          {cpu::BlockedPrims::kFwd, cpu::BlockedPrims::kBwdData, cpu::BlockedPrims::kBwdWeights}) {
       s += str_cat(s.empty() ? "" : "; ", kPasses[k], ":");
-      for (int kind = 0; kind < 4; ++kind)
+      for (int kind = 0; kind < 5; ++kind)
         if (counts[k][kind] > 0) s += str_cat(" ", counts[k][kind], " ", kKinds[kind]);
     }
     return s;
@@ -753,6 +743,26 @@ void batchnorm_moments(const double* sums, int channels, double count, float eps
     var[k] = float(v);
     invstd[k] = float(1.0 / std::sqrt(v + double(eps)));
   }
+}
+
+std::string cpu_conv_kernels(CpuConvAlgo algo) {
+  switch (algo) {
+    case CpuConvAlgo::kAuto:
+      return cpu_winograd_support().empty()
+                 ? "3x3: direct, Winograd or GEMMs, timed at first use"
+                 : "3x3: direct on NHWC or on blocked copies, or GEMMs, timed at first use; "
+                   "oneDNN has no Winograd on this CPU";
+    case CpuConvAlgo::kWinograd:  // the library falls back to direct; dptrain refuses it
+      return cpu_winograd_support().empty() ? "3x3: Winograd"
+                                            : "3x3: direct; oneDNN has no Winograd on this CPU";
+    case CpuConvAlgo::kBlocked:
+      return "3x3: direct on blocked copies";
+    case CpuConvAlgo::kGemm:
+      return "3x3: shifted GEMMs";
+    case CpuConvAlgo::kDirect:
+      break;
+  }
+  return {};
 }
 
 std::string cpu_isa_name() {

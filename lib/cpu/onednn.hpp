@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "conv_gemm.hpp"
 #include "dp/backend.hpp"
 #include "dp/error.hpp"
 
@@ -121,9 +122,9 @@ struct BlockedPrims {
   size_t weight_scratch_bytes() const;
 };
 
-// How each pass of a convolution runs: direct NHWC kernels, or the blocked variant (decided on the
-// pass's first use when timing picks; see make_conv).
-enum class PassAlgo : uint8_t { kDirect, kBlocked, kTimeOnFirstUse };
+// How each pass of a convolution runs: direct NHWC kernels, the blocked variant, or the GEMMs
+// (decided on the pass's first use when timing picks; see make_conv).
+enum class PassAlgo : uint8_t { kDirect, kBlocked, kGemm, kTimeOnFirstUse };
 
 // Forward, backward-data and backward-weights of a convolution or transposed convolution with
 // optional bias and fused ReLU, all bound to their arguments once.
@@ -134,24 +135,36 @@ struct ConvPrims {
   Bound src, dst, bias, diff_dst, diff_src, diff_bias, diff_w_user, diff_w_internal;
   WeightsIn w_fwd, w_bwd;
   bool diff_w_reorder = false, relu = false, has_bias = false;
-  std::unique_ptr<BlockedPrims> blocked;  // null where every pass runs direct NHWC
+  std::unique_ptr<BlockedPrims> blocked;  // null where no pass may run on blocked copies
+  std::unique_ptr<GemmConv> gemm;         // null where no pass may run as GEMMs
   PassAlgo algo[3] = {PassAlgo::kDirect, PassAlgo::kDirect,
                       PassAlgo::kDirect};  // BlockedPrims::Pass
 
+  size_t gemm_offset = 0;  // where the GEMMs' copies start in the copies scratch (see below)
+
   size_t copies_bytes() const;
+  // The blocked copies and the scratchpads of the passes that may still run blocked.
+  size_t blocked_bytes() const;
   size_t weight_scratch_bytes() const;
+  // The kernels a timed pass chooses from (BlockedPrims::Pass), direct first.
+  std::vector<PassAlgo> candidates(int pass) const;
   void forward(dnnl::stream& s, const void* x, const float* w, const float* b, void* y,
                const Scratch& scratch);
   void backward(dnnl::stream& s, const void* x, const float* w, const void* y, void* dy, void* dx,
                 float* dw, float* db, const Scratch& scratch);
 
  private:
-  // One pass each, on tensors already bound; `alt` picks the blocked variant. Each waits for its
-  // work.
-  void forward_pass(dnnl::stream& s, const float* w, const Scratch& scratch, bool alt);
-  void weights_pass(dnnl::stream& s, const Scratch& scratch, bool alt);
-  void data_pass(dnnl::stream& s, const float* w, const Scratch& scratch, bool alt);
+  // One pass each, on tensors already bound (the GEMMs take the pointers too), by `a` (not
+  // kTimeOnFirstUse). Each waits for its work.
+  void forward_pass(dnnl::stream& s, const void* x, const float* w, const float* b, void* y,
+                    const Scratch& scratch, PassAlgo a);
+  void weights_pass(dnnl::stream& s, const void* x, const void* dy, float* dw, float* db,
+                    const Scratch& scratch, PassAlgo a);
+  void data_pass(dnnl::stream& s, const float* w, const void* dy, void* dx, const Scratch& scratch,
+                 PassAlgo a);
   void bind_blocked_copies(const Scratch& scratch);
+  // The GEMMs' copies, after the blocked ones (which the other backward pass may still read).
+  void* gemm_copies(const Scratch& scratch) const;
 };
 
 std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d, bool bf16,

@@ -80,9 +80,9 @@ void expect_cpu_conv_choices(const std::string& common, const test::TempDir& dir
   EXPECT_EQ(a.status, 0) << a.output;
   EXPECT_NE(
       a.output.find(has_winograd
-                        ? "(3x3: direct or Winograd, timed at first use)"
-                        : "(3x3: direct on NHWC or on blocked copies, timed at first use; oneDNN "
-                          "has no Winograd on this CPU)"),
+                        ? "(3x3: direct, Winograd or GEMMs, timed at first use)"
+                        : "(3x3: direct on NHWC or on blocked copies, or GEMMs, timed at first "
+                          "use; oneDNN has no Winograd on this CPU)"),
       std::string::npos)
       << (isa_cap.empty() ? "native ISA" : isa_cap) << ":\n"
       << a.output;
@@ -98,8 +98,9 @@ TEST_F(Cli, CpuConvAlgorithmOption) {
   const auto b = test::run_command(dptrain(2, common() + " --cpu-conv fast"));
   EXPECT_EQ(b.status, 2) << b.output;
   EXPECT_EQ(
-      count(b.output,
-            "dptrain: error: --cpu-conv must be auto, direct, winograd or blocked, got 'fast'"),
+      count(
+          b.output,
+          "dptrain: error: --cpu-conv must be auto, direct, winograd, blocked or gemm, got 'fast'"),
       1)
       << b.output;
 }

@@ -1,8 +1,9 @@
-// The CPU backend's alternatives to direct NHWC convolutions (CpuConvAlgo): Winograd (AVX-512) and
-// the direct kernels on blocked copies (every ISA): each pass equals the direct NHWC kernel's
-// within rounding, timing-based choice (kAuto) gives the same results, and a model trains with
-// them as with direct kernels. Registered twice: natively and capped at AVX2
-// (ONEDNN_MAX_CPU_ISA), where Winograd skips and kAuto chooses between the two direct layouts.
+// The CPU backend's alternatives to direct NHWC convolutions (CpuConvAlgo): Winograd (AVX-512),
+// the direct kernels on blocked copies and the shifted GEMMs (every ISA): each pass equals the
+// direct NHWC kernel's within rounding, alone and in every mixture over the passes, timing-based
+// choice (kAuto) gives the same results, and a model trains with them as with direct kernels.
+// Registered twice: natively and capped at AVX2 (ONEDNN_MAX_CPU_ISA), where Winograd skips and
+// kAuto chooses between the two direct layouts and the GEMMs.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/onednn.hpp"  // lib/: ConvPrims, to force each pass's kernel
 #include "dp/backend.hpp"
 #include "fit_util.hpp"
 #include "tensor_util.hpp"
@@ -41,7 +43,10 @@ std::unique_ptr<Backend> backend(CpuConvAlgo algo) {
 struct ConvResult {
   Vec y, dx, dw, db;
 };
-ConvResult run_conv(Backend& be, const ConvDesc& d, int calls = 1, const Vec* relu_y = nullptr) {
+// `fwd(x, w, b, y)` and `bwd(x, w, mask, dy, dx, dw, db)` as Backend::conv_forward/backward.
+template <typename Fwd, typename Bwd>
+ConvResult run_passes(const ConvDesc& d, int calls, const Vec* relu_y, const Fwd& fwd,
+                      const Bwd& bwd) {
   const size_t src_n = size_t(d.src().numel()), dst_n = size_t(d.dst().numel());
   const size_t w_n = size_t(d.cout) * size_t(d.cin) * 9;
   const Vec x = random_vec(src_n, 1), w = random_vec(w_n, 2), b = random_vec(size_t(d.cout), 3);
@@ -49,12 +54,22 @@ ConvResult run_conv(Backend& be, const ConvDesc& d, int calls = 1, const Vec* re
   ConvResult r{Vec(dst_n), Vec(src_n), Vec(w_n), Vec(size_t(d.cout))};
   for (int call = 0; call < calls; ++call) {
     for (Vec* v : {&r.y, &r.dx, &r.dw, &r.db}) std::fill(v->begin(), v->end(), NAN);
-    be.conv_forward(d, x.data(), w.data(), b.data(), r.y.data());
+    fwd(x.data(), w.data(), b.data(), r.y.data());
     Vec dy = dy0;
     const float* mask = relu_y != nullptr ? relu_y->data() : r.y.data();
-    be.conv_backward(d, x.data(), w.data(), mask, dy.data(), r.dx.data(), r.dw.data(), r.db.data());
+    bwd(x.data(), w.data(), mask, dy.data(), r.dx.data(), r.dw.data(), r.db.data());
   }
   return r;
+}
+
+ConvResult run_conv(Backend& be, const ConvDesc& d, int calls = 1, const Vec* relu_y = nullptr) {
+  return run_passes(
+      d, calls, relu_y,
+      [&](const float* x, const float* w, const float* b, float* y) {
+        be.conv_forward(d, x, w, b, y);
+      },
+      [&](const float* x, const float* w, const float* y, float* dy, float* dx, float* dw,
+          float* db) { be.conv_backward(d, x, w, y, dy, dx, dw, db); });
 }
 
 ConvDesc conv(int n, int h, int w, int cin, int cout, bool relu, bool bias) {
@@ -116,10 +131,76 @@ TEST(BlockedConv, EachPassMatchesDirect) {
   }
 }
 
-// kAuto times the direct NHWC kernel and the alternative (Winograd where oneDNN has it, else
-// direct on blocked copies) on a pass large enough (0.6 GFLOP) at its first use and keeps the
-// faster: results match the direct kernel within rounding after the choice (the second call,
-// whose outputs only the chosen kernels write). Runs on every CPU.
+// The shifted GEMMs sum in another order than oneDNN's kernels: every pass within 2e-5 of direct
+// NHWC's, on any CPU, for odd sizes, 3 input channels and a single image too.
+TEST(GemmConv, EachPassMatchesDirect) {
+  auto direct = backend(CpuConvAlgo::kDirect);
+  auto gemm = backend(CpuConvAlgo::kGemm);
+  EXPECT_NE(gemm->name().find("GEMMs"), std::string::npos) << gemm->name();
+  for (const ConvDesc& d :
+       {conv(2, 16, 16, 32, 48, true, true), conv(1, 12, 20, 16, 16, false, false),
+        conv(2, 9, 11, 64, 32, true, true), conv(2, 16, 16, 3, 64, true, true),
+        conv(1, 1, 1, 8, 8, false, true)}) {
+    SCOPED_TRACE(std::to_string(d.cin) + "->" + std::to_string(d.cout) + " " + std::to_string(d.h) +
+                 "x" + std::to_string(d.w));
+    const ConvResult a = run_conv(*direct, d), b = run_conv(*gemm, d, 2, &a.y);
+    std::printf("[gemm] %d->%d %dx%d: y %.2e dx %.2e dw %.2e db %.2e\n", d.cin, d.cout, d.h, d.w,
+                rel_diff(b.y, a.y), rel_diff(b.dx, a.dx), rel_diff(b.dw, a.dw),
+                d.bias ? rel_diff(b.db, a.db) : 0.0);
+    EXPECT_LT(rel_diff(b.y, a.y), 2e-5);
+    EXPECT_LT(rel_diff(b.dx, a.dx), 2e-5);
+    EXPECT_LT(rel_diff(b.dw, a.dw), 2e-5);
+    if (d.bias) {
+      EXPECT_LT(rel_diff(b.db, a.db), 2e-5);
+    }
+  }
+  const std::string k = gemm->kernel_choices();
+  EXPECT_EQ(k, "forward: 5 GEMM; backward data: 5 GEMM; backward weights: 5 GEMM");
+}
+
+// All 27 ways to run the three passes on direct NHWC, blocked (or Winograd) and GEMM kernels, as
+// timing may leave them: the blocked and GEMM passes share the copies scratch, and none may
+// clobber what another still reads (the scratch is poisoned before each call).
+TEST(ConvKernels, EveryMixOverThePassesMatchesDirect) {
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(eng);
+  const ConvDesc d = conv(2, 30, 34, 64, 112, true, true);  // 0.26 GFLOP: kAuto times it
+  auto p = cpu::make_conv(eng, d, false, CpuConvAlgo::kAuto);
+  ASSERT_TRUE(p->blocked && p->gemm);
+  Vec copies(p->copies_bytes() / sizeof(float) + 16), weights(p->weight_scratch_bytes() / 4 + 16);
+  const cpu::Scratch scratch{weights.data(), copies.data()};
+  auto direct = backend(CpuConvAlgo::kDirect);
+  const ConvResult a = run_conv(*direct, d);
+  const cpu::PassAlgo kinds[3] = {cpu::PassAlgo::kDirect, cpu::PassAlgo::kBlocked,
+                                  cpu::PassAlgo::kGemm};
+  for (int mix = 0; mix < 27; ++mix) {
+    for (int k = 0; k < 3; ++k) p->algo[k] = kinds[mix / (k == 0 ? 1 : k == 1 ? 3 : 9) % 3];
+    SCOPED_TRACE("forward " + std::to_string(int(p->algo[0])) + ", backward data " +
+                 std::to_string(int(p->algo[1])) + ", backward weights " +
+                 std::to_string(int(p->algo[2])));
+    const auto poison = [&] { std::fill(copies.begin(), copies.end(), NAN); };
+    const ConvResult b = run_passes(
+        d, 1, &a.y,
+        [&](const float* x, const float* w, const float* bias, float* y) {
+          poison();
+          p->forward(stream, x, w, bias, y, scratch);
+        },
+        [&](const float* x, const float* w, const float* y, float* dy, float* dx, float* dw,
+            float* db) {
+          poison();
+          p->backward(stream, x, w, y, dy, dx, dw, db, scratch);
+        });
+    EXPECT_LT(rel_diff(b.y, a.y), 2e-5);
+    EXPECT_LT(rel_diff(b.dx, a.dx), 2e-5);
+    EXPECT_LT(rel_diff(b.dw, a.dw), 2e-5);
+    EXPECT_LT(rel_diff(b.db, a.db), 2e-5);
+  }
+}
+
+// kAuto times the direct NHWC kernel and the alternatives (Winograd where oneDNN has it, else
+// direct on blocked copies, and the GEMMs) on a pass large enough (0.6 GFLOP) at its first use and
+// keeps the fastest: results match the direct kernel within rounding after the choice (the second
+// call, whose outputs only the chosen kernels write). Runs on every CPU.
 TEST(Winograd, TimedChoiceMatchesDirect) {
   const ConvDesc d = conv(2, 64, 64, 64, 64, true, true);
   auto direct = backend(CpuConvAlgo::kDirect);
@@ -138,7 +219,9 @@ void expect_trains_like_direct(CpuConvAlgo algo) {
   ModelConfig mc;
   mc.width_divisor = 2;
   Vec losses[2], weights[2];
-  const char* kind = algo == CpuConvAlgo::kWinograd ? "Winograd" : "blocked";
+  const char* kind = algo == CpuConvAlgo::kWinograd ? "Winograd"
+                     : algo == CpuConvAlgo::kGemm   ? "GEMM"
+                                                    : "blocked";
   for (int b = 0; b < 2; ++b) {
     auto be = backend(b == 0 ? CpuConvAlgo::kDirect : algo);
     const test::FitResult fit = test::fit_one_batch(*be, mc, 5, 0.1f);
@@ -173,6 +256,10 @@ TEST(Winograd, TrainsLikeDirect) {
 
 TEST(BlockedConv, TrainsLikeDirect) {
   expect_trains_like_direct(CpuConvAlgo::kBlocked);
+}
+
+TEST(GemmConv, TrainsLikeDirect) {
+  expect_trains_like_direct(CpuConvAlgo::kGemm);
 }
 
 }  // namespace

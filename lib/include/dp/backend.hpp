@@ -225,10 +225,12 @@ enum class Precision { kFloat32, kBFloat16 };
 // oneDNN's Winograd kernel (F(4x4, 3x3); AVX-512 only) or, where it has none, its direct kernels on
 // its blocked layout (nChw8c on AVX2). Both are timed on the layer's own tensors at the pass's
 // first use, for passes of at least 0.2 GFLOP whose scratchpad fits 96 MiB (the choice may differ
-// between runs and ranks; results differ in the last bits). kWinograd: Winograd wherever oneDNN
-// has it, whatever its memory; kBlocked: the direct kernels on blocked copies for every 3x3
-// stride-1 pass (tests, benchmarks).
-enum class CpuConvAlgo { kDirect, kAuto, kWinograd, kBlocked };
+// between runs and ranks; results differ in the last bits). A third candidate is timed with them:
+// nine GEMMs per pass on oneDNN's sgemm, one per kernel tap, on zero-bordered copies of each image
+// (lib/cpu/conv_gemm.hpp; up to 2x faster than oneDNN 2.6's backward-weights kernels on AVX2).
+// kWinograd: Winograd wherever oneDNN has it, whatever its memory; kBlocked: the direct kernels on
+// blocked copies, kGemm: the GEMMs, for every 3x3 stride-1 pass (tests, benchmarks).
+enum class CpuConvAlgo { kDirect, kAuto, kWinograd, kBlocked, kGemm };
 
 struct CpuOptions {
   Precision precision = Precision::kFloat32;
@@ -245,6 +247,9 @@ inline std::unique_ptr<Backend> make_cpu_backend(Precision precision = Precision
 std::string cpu_isa_name();
 // Empty when oneDNN has Winograd convolutions on this CPU, else why not (errors, test skips).
 std::string cpu_winograd_support();
+// What fp32 3x3 convolutions run on under `algo` on this CPU, for the start-up line ("3x3: ...";
+// empty for kDirect): only the candidates that exist here.
+std::string cpu_conv_kernels(CpuConvAlgo algo);
 // Empty when this CPU runs bf16 convolutions natively, else why not (for errors and test skips).
 std::string cpu_bf16_support();
 

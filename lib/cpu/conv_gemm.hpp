@@ -1,0 +1,50 @@
+// A 3x3 stride-1 fp32 convolution's three passes as GEMMs on oneDNN's sgemm: one GEMM per kernel
+// tap on a zero-bordered copy of each image, no im2col buffer (the CPU backend's third kernel
+// choice, next to oneDNN's direct and blocked/Winograd convolutions).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "dp/backend.hpp"
+
+namespace dp::cpu {
+
+// Each image is copied into a zero-bordered (h+2) x (w+2) NHWC buffer. Read as a matrix of pixels
+// (rows) by channels, output pixel q = y * (w+2) + x of a "wide" output (two extra columns per row,
+// whose values are discarded) sees tap (ky, kx) at row q + ky * (w+2) + kx: the convolution is the
+// sum over the nine taps of a shifted submatrix times that tap's cin x cout weight matrix, and
+// both backward passes are the transposed products. The wide rows cost 2/w more work; the copies
+// are one image at a time, in the caller's copies scratch.
+struct GemmConv {
+  int n = 0, h = 0, w = 0, cin = 0, cout = 0;
+  bool relu = false, has_bias = false;
+
+  explicit GemmConv(const ConvDesc& d);
+  // Whether `d` is a convolution this path computes (3x3, stride 1, padding 1).
+  static bool fits(const ConvDesc& d);
+
+  size_t copies_bytes() const;          // the bordered image and a wide output (gradient)
+  size_t weight_scratch_bytes() const;  // the weights (or their gradient) as [tap][cin][cout]
+
+  // As ConvPrims' passes: NHWC activations, OIHW weights (PyTorch's); the output gradient `dy`
+  // already went through the ReLU's backward. Gradients are written, not accumulated.
+  void forward(const float* x, const float* w_oihw, const float* b, float* y, void* weights,
+               void* copies) const;
+  void backward_weights(const float* x, const float* dy, float* dw_oihw, float* db, void* weights,
+                        void* copies) const;
+  void backward_data(const float* dy, const float* w_oihw, float* dx, void* weights,
+                     void* copies) const;
+
+ private:
+  int64_t padded_rows() const;  // (h+2)(w+2) + 2: the last tap's rows stay inside
+  int64_t wide_rows() const;    // h (w+2)
+  float* padded(void* copies) const;
+  float* wide(void* copies) const;
+  void weights_to_taps(const float* w_oihw, float* taps) const;
+  void taps_to_weights(const float* taps, float* w_oihw) const;
+  void border_image(const float* x, float* xp) const;
+  void widen(const float* dy, float* dyw) const;
+};
+
+}  // namespace dp::cpu
