@@ -1,5 +1,6 @@
 // Per-layer times of the CPU backend's 3x3 convolution kernels (direct NHWC, direct on blocked
-// copies or Winograd, shifted GEMMs), pass by pass, on the shapes of full-width UNet16 at 128x128.
+// copies or Winograd, shifted GEMMs, Winograd on GEMMs), pass by pass, on the shapes of full-width
+// UNet16 at 128x128.
 //
 //   OMP_NUM_THREADS=1 [ONEDNN_MAX_CPU_ISA=AVX2] build/default/bench/bench_conv_kernels [batch]
 //
@@ -47,10 +48,11 @@ int main(int argc, char** argv) {
   const int batch = argc > 1 ? std::atoi(argv[1]) : 2;
   const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(eng);
-  constexpr int kRounds = 5;
-  const char* kNames[3] = {"direct", "blocked", "gemm"};
-  const CpuConvAlgo kAlgos[3] = {CpuConvAlgo::kDirect, CpuConvAlgo::kBlocked, CpuConvAlgo::kGemm};
-  double total[3][3] = {}, best[3] = {};  // [kernel][pass], [pass]
+  constexpr int kRounds = 5, kKernels = 4;
+  const char* kNames[4] = {"direct", "blocked", "gemm", "gemm-wino"};
+  const CpuConvAlgo kAlgos[4] = {CpuConvAlgo::kDirect, CpuConvAlgo::kBlocked, CpuConvAlgo::kGemm,
+                                 CpuConvAlgo::kGemmWinograd};
+  double total[kKernels][3] = {}, best[3] = {};  // [kernel][pass], [pass]
   std::printf(
       "oneDNN ISA %s, batch %d; ms (GFLOP/s) for forward | backward weights | backward "
       "data\n",
@@ -64,8 +66,8 @@ int main(int argc, char** argv) {
         w(size_t(l.cin) * l.cout * 9, 0.01f), b(l.cout), dw(w.size()), db(b.size());
     std::printf("%4d->%-4d %3dx%-3d x%d", l.cin, l.cout, l.size, l.size, l.count);
     double ms_best[3] = {1e30, 1e30, 1e30};
-    std::unique_ptr<dp::cpu::ConvPrims> prims[3];
-    for (int k = 0; k < 3; ++k) prims[k] = dp::cpu::make_conv(eng, d, false, kAlgos[k]);
+    std::unique_ptr<dp::cpu::ConvPrims> prims[kKernels];
+    for (int k = 0; k < kKernels; ++k) prims[k] = dp::cpu::make_conv(eng, d, false, kAlgos[k]);
     size_t copies_bytes = 0, weight_bytes = 0;
     for (const auto& p : prims) {
       copies_bytes = std::max(copies_bytes, p->copies_bytes());
@@ -74,10 +76,11 @@ int main(int argc, char** argv) {
     std::vector<float> copies(copies_bytes / 4 + 16), weights(weight_bytes / 4 + 16);
     const dp::cpu::Scratch scratch{weights.data(), copies.data()};
     // Rounds alternate the kernels, so that a slow phase of a shared machine hits them all.
-    double ms[3][3];  // [kernel][forward, backward weights, full backward]: minimum over rounds
+    double ms[kKernels]
+             [3];  // [kernel][forward, backward weights, full backward]: minimum over rounds
     for (auto& m : ms) std::fill(m, m + 3, 1e30);
     for (int round = 0; round < kRounds; ++round)
-      for (int k = 0; k < 3; ++k) {
+      for (int k = 0; k < kKernels; ++k) {
         dp::cpu::ConvPrims& p = *prims[k];
         const double t[3] = {
             ms_of([&] { p.forward(stream, x.data(), w.data(), b.data(), y.data(), scratch); }),
@@ -92,7 +95,7 @@ int main(int argc, char** argv) {
         if (round > 0)  // the first is a warm-up
           for (int i = 0; i < 3; ++i) ms[k][i] = std::min(ms[k][i], t[i]);
       }
-    for (int k = 0; k < 3; ++k) {
+    for (int k = 0; k < kKernels; ++k) {
       const double pass_ms[3] = {ms[k][0], ms[k][1], std::max(ms[k][2] - ms[k][1], 1e-3)};
       std::printf(" | %s", kNames[k]);
       for (int pass = 0; pass < 3; ++pass) {
@@ -105,7 +108,7 @@ int main(int argc, char** argv) {
     std::printf("\n");
   }
   std::printf("step total, ms (forward, backward weights, backward data):\n");
-  for (int k = 0; k < 3; ++k)
+  for (int k = 0; k < kKernels; ++k)
     std::printf("  %-8s %8.0f %8.0f %8.0f = %8.0f\n", kNames[k], total[k][0], total[k][1],
                 total[k][2], total[k][0] + total[k][1] + total[k][2]);
   std::printf("  %-8s %8.0f %8.0f %8.0f = %8.0f\n", "fastest", best[0], best[1], best[2],

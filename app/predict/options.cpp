@@ -66,8 +66,9 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
                             "tiles per forward pass")(
       "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
       "3x3 convolutions: auto (whichever is faster when timed at first use: direct, Winograd "
-      "or direct on oneDNN's blocked layout, or shifted GEMMs), direct (bitwise reproducible), "
-      "winograd (AVX-512 CPUs only; elsewhere an error), blocked or gemm")(
+      "or direct on oneDNN's blocked layout, or GEMMs: shifted or Winograd), direct (bitwise "
+      "reproducible), winograd (AVX-512 CPUs only; elsewhere an error), blocked, gemm or "
+      "gemm-winograd")(
       "device", po::value(&o.device)->default_value(o.device),
       "auto (a GPU where every rank sees one, else the CPU), cpu or cuda (GPU = node-local rank "
       "modulo the visible GPUs; ranks may share one)")(

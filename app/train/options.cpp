@@ -226,8 +226,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
       "CPU fp32 3x3 stride-1 convolutions: auto (per pass, whichever is faster when timed at "
       "first use: direct on NHWC, Winograd where oneDNN has it, else direct on oneDNN's blocked "
-      "layout, or nine shifted GEMMs), direct, winograd (oneDNN 2.x has it on AVX-512 only; "
-      "elsewhere an error), blocked or gemm; --deterministic implies direct")(
+      "layout, or the backend's own GEMMs: nine shifted ones, or Winograd F(2x2, 3x3) on 16), "
+      "direct, winograd (oneDNN 2.x has it on AVX-512 only; elsewhere an error), blocked, gemm "
+      "or gemm-winograd; --deterministic implies direct")(
       "no-tf32", po::bool_switch(),
       "GPU: fp32 convolutions without TF32 tensor cores (slower, closer to the CPU)")(
       "threads", po::value(&o.threads)->default_value(o.threads),
@@ -413,8 +414,10 @@ CpuConvAlgo parse_cpu_conv(const std::string& value) {
   if (value == "winograd") return CpuConvAlgo::kWinograd;
   if (value == "blocked") return CpuConvAlgo::kBlocked;
   if (value == "gemm") return CpuConvAlgo::kGemm;
+  if (value == "gemm-winograd") return CpuConvAlgo::kGemmWinograd;
   throw UsageError(
-      str_cat("--cpu-conv must be auto, direct, winograd, blocked or gemm, got '", value, "'"));
+      str_cat("--cpu-conv must be auto, direct, winograd, blocked, gemm or gemm-winograd, got '",
+              value, "'"));
 }
 
 Precision parse_precision(const std::string& value) {

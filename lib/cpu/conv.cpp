@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <string>
 
 namespace dp::cpu {
@@ -247,6 +248,7 @@ std::vector<PassAlgo> ConvPrims::candidates(int pass) const {
   if (blocked && blocked->pad_bytes[pass] <= kWinogradMaxScratchpad)
     c.push_back(PassAlgo::kBlocked);
   if (gemm) c.push_back(PassAlgo::kGemm);
+  if (gemm && pass != BlockedPrims::kBwdWeights) c.push_back(PassAlgo::kGemmWinograd);
   return c;
 }
 
@@ -285,9 +287,10 @@ void ConvPrims::bind_blocked_copies(const Scratch& scratch) {
 
 void ConvPrims::forward_pass(dnnl::stream& s, const void* x, const float* w, const float* b,
                              void* y, const Scratch& scratch, PassAlgo a) {
-  if (a == PassAlgo::kGemm) {
-    gemm->forward(static_cast<const float*>(x), w, b, static_cast<float*>(y), scratch.weights,
-                  gemm_copies(scratch));
+  if (a == PassAlgo::kGemm || a == PassAlgo::kGemmWinograd) {
+    std::invoke(a == PassAlgo::kGemm ? &GemmConv::forward : &GemmConv::forward_winograd, *gemm,
+                static_cast<const float*>(x), w, b, static_cast<float*>(y), scratch.weights,
+                gemm_copies(scratch));
     return;
   }
   if (a == PassAlgo::kBlocked) {
@@ -339,9 +342,10 @@ void ConvPrims::weights_pass(dnnl::stream& s, const void* x, const void* dy, flo
 // out of it).
 void ConvPrims::data_pass(dnnl::stream& s, const float* w, const void* dy, void* dx,
                           const Scratch& scratch, PassAlgo a) {
-  if (a == PassAlgo::kGemm) {
-    gemm->backward_data(static_cast<const float*>(dy), w, static_cast<float*>(dx), scratch.weights,
-                        gemm_copies(scratch));
+  if (a == PassAlgo::kGemm || a == PassAlgo::kGemmWinograd) {
+    std::invoke(a == PassAlgo::kGemm ? &GemmConv::backward_data : &GemmConv::backward_data_winograd,
+                *gemm, static_cast<const float*>(dy), w, static_cast<float*>(dx), scratch.weights,
+                gemm_copies(scratch));
     return;
   }
   if (a == PassAlgo::kBlocked) {
@@ -409,10 +413,12 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
   if (bf16 || algo == CpuConvAlgo::kDirect || d.kernel != 3 || d.stride != 1 ||
       (algo == CpuConvAlgo::kAuto && flops < kTimedPassMinFlops))
     return p;
-  if (algo == CpuConvAlgo::kGemm) {
+  if (algo == CpuConvAlgo::kGemm || algo == CpuConvAlgo::kGemmWinograd) {
     if (!GemmConv::fits(d)) return p;
     p->gemm = std::make_unique<GemmConv>(d);
-    for (PassAlgo& a : p->algo) a = PassAlgo::kGemm;
+    for (PassAlgo& a : p->algo)
+      a = algo == CpuConvAlgo::kGemm ? PassAlgo::kGemm : PassAlgo::kGemmWinograd;
+    p->algo[BlockedPrims::kBwdWeights] = PassAlgo::kGemm;
     return p;
   }
   // `auto` tries Winograd, and where oneDNN has none for this shape or CPU (on AVX2 it has none

@@ -42,12 +42,21 @@ int64_t GemmConv::wide_rows() const {
   return int64_t(h) * (w + 2);
 }
 
+// Winograd tiles transformed at a time: 16 x kTileChunk x (cin + cout) floats of copies (at most
+// 32 MiB for 1024 channels), and GEMMs of kTileChunk rows.
+constexpr int64_t kTileChunk = 256;
+constexpr int kWinoPoints = 16;  // a 4x4 transformed tile
+constexpr int kLanes = 16;       // channels the Winograd transforms handle at a time
+
 size_t GemmConv::copies_bytes() const {
-  return aligned(size_t(padded_rows()) * cin * sizeof(float)) +
-         size_t(wide_rows()) * cout * sizeof(float);
+  const size_t shifted = aligned(size_t(padded_rows()) * cin * sizeof(float)) +
+                         size_t(wide_rows()) * cout * sizeof(float);
+  const size_t wino =
+      (size_t(kWinoPoints) * kTileChunk * (cin + cout) + std::max(cin, cout)) * sizeof(float);
+  return std::max(shifted, wino);
 }
 size_t GemmConv::weight_scratch_bytes() const {
-  return size_t(kTaps) * cin * cout * sizeof(float);
+  return size_t(kWinoPoints) * cin * cout * sizeof(float);
 }
 
 float* GemmConv::padded(void* copies) const {
@@ -173,6 +182,131 @@ void GemmConv::backward_data(const float* dy, const float* w_oihw, float* dx, vo
       std::memcpy(out + r * w * cin, dxp + ((r + 1) * wp + 1) * cin,
                   size_t(w) * cin * sizeof(float));
   }
+}
+
+void GemmConv::winograd_filters(const float* w_oihw, bool rotated, float* u) const {
+  const int64_t k_in = rotated ? cout : cin, k_out = rotated ? cin : cout;
+#pragma omp parallel for schedule(static)
+  for (int64_t o0 = 0; o0 < cout; o0 += kTransposeBlock)
+    for (int64_t c = 0; c < cin; ++c)
+      for (int64_t o = o0; o < std::min<int64_t>(o0 + kTransposeBlock, cout); ++o) {
+        const float* f = w_oihw + (o * cin + c) * kTaps;
+        float g[3][3];
+        for (int i = 0; i < 3; ++i)
+          for (int j = 0; j < 3; ++j) g[i][j] = rotated ? f[(2 - i) * 3 + (2 - j)] : f[i * 3 + j];
+        // t = G g (4x3), then G g G^T (4x4); G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1].
+        float t[4][3], v[4][4];
+        for (int j = 0; j < 3; ++j) {
+          t[0][j] = g[0][j];
+          t[1][j] = 0.5f * (g[0][j] + g[1][j] + g[2][j]);
+          t[2][j] = 0.5f * (g[0][j] - g[1][j] + g[2][j]);
+          t[3][j] = g[2][j];
+        }
+        for (int i = 0; i < 4; ++i) {
+          v[i][0] = t[i][0];
+          v[i][1] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+          v[i][2] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+          v[i][3] = t[i][2];
+        }
+        const int64_t row = rotated ? o : c, col = rotated ? c : o;
+        for (int p = 0; p < kWinoPoints; ++p) u[(p * k_in + row) * k_out + col] = v[p / 4][p % 4];
+      }
+}
+
+void GemmConv::winograd(const float* in, int k_in, int k_out, const float* u, const float* b,
+                        bool relu_out, float* out, void* copies) const {
+  const int64_t tiles_h = (h + 1) / 2, tiles_w = (w + 1) / 2, tiles = tiles_h * tiles_w;
+  float* vt = static_cast<float*>(copies);               // [16][chunk][k_in]
+  float* mt = vt + kWinoPoints * kTileChunk * k_in;      // [16][chunk][k_out]
+  float* zeros = mt + kWinoPoints * kTileChunk * k_out;  // k_in zeros: pixels outside the image
+  std::fill_n(zeros, k_in, 0.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    const float* image = in + i * int64_t(h) * w * k_in;
+    float* result = out + i * int64_t(h) * w * k_out;
+    for (int64_t t0 = 0; t0 < tiles; t0 += kTileChunk) {
+      const int64_t count = std::min(kTileChunk, tiles - t0);
+      // B^T d B per tile, channels innermost in vectors of kLanes (out-of-image pixels read a
+      // zero row); B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1].
+#pragma omp parallel for schedule(static)
+      for (int64_t t = 0; t < count; ++t) {
+        const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
+        const float* d[4][4];
+        for (int r = 0; r < 4; ++r)
+          for (int c = 0; c < 4; ++c) {
+            const int64_t y = 2 * ty - 1 + r, x = 2 * tx - 1 + c;
+            d[r][c] = y >= 0 && y < h && x >= 0 && x < w ? image + (y * w + x) * k_in : zeros;
+          }
+        for (int64_t k0 = 0; k0 < k_in; k0 += kLanes) {
+          const int64_t lanes = std::min<int64_t>(kLanes, k_in - k0);
+          float e[4][4][kLanes] = {}, q[4][4][kLanes], v[4][4][kLanes];
+          for (int r = 0; r < 4; ++r)
+            for (int c = 0; c < 4; ++c) std::copy_n(d[r][c] + k0, lanes, e[r][c]);
+          for (int c = 0; c < 4; ++c)
+            for (int j = 0; j < kLanes; ++j) {
+              q[0][c][j] = e[0][c][j] - e[2][c][j];
+              q[1][c][j] = e[1][c][j] + e[2][c][j];
+              q[2][c][j] = e[2][c][j] - e[1][c][j];
+              q[3][c][j] = e[1][c][j] - e[3][c][j];
+            }
+          for (int r = 0; r < 4; ++r)
+            for (int j = 0; j < kLanes; ++j) {
+              v[r][0][j] = q[r][0][j] - q[r][2][j];
+              v[r][1][j] = q[r][1][j] + q[r][2][j];
+              v[r][2][j] = q[r][2][j] - q[r][1][j];
+              v[r][3][j] = q[r][1][j] - q[r][3][j];
+            }
+          for (int p = 0; p < kWinoPoints; ++p)
+            std::copy_n(v[p / 4][p % 4], lanes, vt + (p * kTileChunk + t) * k_in + k0);
+        }
+      }
+      for (int p = 0; p < kWinoPoints; ++p)
+        sgemm('N', 'N', count, k_out, k_in, vt + p * kTileChunk * k_in, k_in,
+              u + int64_t(p) * k_in * k_out, k_out, 0.0f, mt + p * kTileChunk * k_out, k_out);
+        // A^T m A per tile, in vectors of kLanes channels; A^T = [1 1 1 0; 0 1 -1 -1].
+#pragma omp parallel for schedule(static)
+      for (int64_t t = 0; t < count; ++t) {
+        const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
+        for (int64_t k0 = 0; k0 < k_out; k0 += kLanes) {
+          const int64_t lanes = std::min<int64_t>(kLanes, k_out - k0);
+          float m[kWinoPoints][kLanes] = {}, q[2][4][kLanes], o[2][2][kLanes], bias[kLanes] = {};
+          for (int p = 0; p < kWinoPoints; ++p)
+            std::copy_n(mt + (p * kTileChunk + t) * k_out + k0, lanes, m[p]);
+          if (b != nullptr) std::copy_n(b + k0, lanes, bias);
+          for (int c = 0; c < 4; ++c)
+            for (int j = 0; j < kLanes; ++j) {
+              q[0][c][j] = m[c][j] + m[4 + c][j] + m[8 + c][j];
+              q[1][c][j] = m[4 + c][j] - m[8 + c][j] - m[12 + c][j];
+            }
+          for (int r = 0; r < 2; ++r)
+            for (int j = 0; j < kLanes; ++j) {
+              const float r0 = q[r][0][j] + q[r][1][j] + q[r][2][j] + bias[j];
+              const float r1 = q[r][1][j] - q[r][2][j] - q[r][3][j] + bias[j];
+              o[r][0][j] = relu_out ? std::max(r0, 0.0f) : r0;
+              o[r][1][j] = relu_out ? std::max(r1, 0.0f) : r1;
+            }
+          for (int r = 0; r < 2; ++r)
+            for (int c = 0; c < 2; ++c) {
+              const int64_t y = 2 * ty + r, x = 2 * tx + c;
+              if (y < h && x < w) std::copy_n(o[r][c], lanes, result + (y * w + x) * k_out + k0);
+            }
+        }
+      }
+    }
+  }
+}
+
+void GemmConv::forward_winograd(const float* x, const float* w_oihw, const float* b, float* y,
+                                void* weights, void* copies) const {
+  float* u = static_cast<float*>(weights);
+  winograd_filters(w_oihw, false, u);
+  winograd(x, cin, cout, u, has_bias ? b : nullptr, relu, y, copies);
+}
+
+void GemmConv::backward_data_winograd(const float* dy, const float* w_oihw, float* dx,
+                                      void* weights, void* copies) const {
+  float* u = static_cast<float*>(weights);
+  winograd_filters(w_oihw, true, u);
+  winograd(dy, cout, cin, u, nullptr, false, dx, copies);
 }
 
 }  // namespace dp::cpu

@@ -323,26 +323,29 @@ class CpuBackend final : public Backend {
 
   std::string kernel_choices() const override {
     if (conv_algo_ == CpuConvAlgo::kDirect || bf16_) return {};
-    // Per pass: [direct NHWC, direct on blocked copies, Winograd, GEMMs, not yet run].
-    int counts[3][5] = {};
+    // Per pass: [direct NHWC, direct on blocked copies, Winograd, GEMMs, Winograd on GEMMs, not
+    // yet run].
+    int counts[3][6] = {};
     for (const auto& entry : conv_cache_) {
       const cpu::ConvPrims& p = *entry.second;
       for (int k = 0; k < 3; ++k) {
         const cpu::PassAlgo a = p.algo[k];
         ++counts[k][a == cpu::PassAlgo::kDirect           ? 0
                     : a == cpu::PassAlgo::kGemm           ? 3
-                    : a == cpu::PassAlgo::kTimeOnFirstUse ? 4
+                    : a == cpu::PassAlgo::kGemmWinograd   ? 4
+                    : a == cpu::PassAlgo::kTimeOnFirstUse ? 5
                     : p.blocked->winograd                 ? 2
                                                           : 1];
       }
     }
     static const char* const kPasses[3] = {"forward", "backward data", "backward weights"};
-    static const char* const kKinds[5] = {"direct", "blocked", "Winograd", "GEMM", "not yet run"};
+    static const char* const kKinds[6] = {"direct", "blocked",           "Winograd",
+                                          "GEMM",   "Winograd on GEMMs", "not yet run"};
     std::string s;
     for (int k :
          {cpu::BlockedPrims::kFwd, cpu::BlockedPrims::kBwdData, cpu::BlockedPrims::kBwdWeights}) {
       s += str_cat(s.empty() ? "" : "; ", kPasses[k], ":");
-      for (int kind = 0; kind < 5; ++kind)
+      for (int kind = 0; kind < 6; ++kind)
         if (counts[k][kind] > 0) s += str_cat(" ", counts[k][kind], " ", kKinds[kind]);
     }
     return s;
@@ -750,8 +753,8 @@ std::string cpu_conv_kernels(CpuConvAlgo algo) {
     case CpuConvAlgo::kAuto:
       return cpu_winograd_support().empty()
                  ? "3x3: direct, Winograd or GEMMs, timed at first use"
-                 : "3x3: direct on NHWC or on blocked copies, or GEMMs, timed at first use; "
-                   "oneDNN has no Winograd on this CPU";
+                 : "3x3: direct on NHWC or on blocked copies, or GEMMs (shifted or Winograd), "
+                   "timed at first use; oneDNN has no Winograd on this CPU";
     case CpuConvAlgo::kWinograd:  // the library falls back to direct; dptrain refuses it
       return cpu_winograd_support().empty() ? "3x3: Winograd"
                                             : "3x3: direct; oneDNN has no Winograd on this CPU";
@@ -759,6 +762,8 @@ std::string cpu_conv_kernels(CpuConvAlgo algo) {
       return "3x3: direct on blocked copies";
     case CpuConvAlgo::kGemm:
       return "3x3: shifted GEMMs";
+    case CpuConvAlgo::kGemmWinograd:
+      return "3x3: Winograd F(2x2, 3x3) on GEMMs, backward weights on shifted GEMMs";
     case CpuConvAlgo::kDirect:
       break;
   }

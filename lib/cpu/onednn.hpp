@@ -122,9 +122,10 @@ struct BlockedPrims {
   size_t weight_scratch_bytes() const;
 };
 
-// How each pass of a convolution runs: direct NHWC kernels, the blocked variant, or the GEMMs
-// (decided on the pass's first use when timing picks; see make_conv).
-enum class PassAlgo : uint8_t { kDirect, kBlocked, kGemm, kTimeOnFirstUse };
+// How each pass of a convolution runs: direct NHWC kernels, the blocked variant, the shifted GEMMs
+// or (forward and backward-data) Winograd on GEMMs, decided on the pass's first use when timing
+// picks (see make_conv).
+enum class PassAlgo : uint8_t { kDirect, kBlocked, kGemm, kGemmWinograd, kTimeOnFirstUse };
 
 // Forward, backward-data and backward-weights of a convolution or transposed convolution with
 // optional bias and fused ReLU, all bound to their arguments once.

@@ -97,11 +97,10 @@ TEST_F(Cli, CpuConvAlgorithmOption) {
   EXPECT_EQ(d.output.find("Winograd"), std::string::npos) << d.output;  // implies direct
   const auto b = test::run_command(dptrain(2, common() + " --cpu-conv fast"));
   EXPECT_EQ(b.status, 2) << b.output;
-  EXPECT_EQ(
-      count(
-          b.output,
-          "dptrain: error: --cpu-conv must be auto, direct, winograd, blocked or gemm, got 'fast'"),
-      1)
+  EXPECT_EQ(count(b.output,
+                  "dptrain: error: --cpu-conv must be auto, direct, winograd, blocked, gemm or "
+                  "gemm-winograd, got 'fast'"),
+            1)
       << b.output;
 }
 

@@ -131,11 +131,12 @@ TEST(BlockedConv, EachPassMatchesDirect) {
   }
 }
 
-// The shifted GEMMs sum in another order than oneDNN's kernels: every pass within 2e-5 of direct
-// NHWC's, on any CPU, for odd sizes, 3 input channels and a single image too.
-TEST(GemmConv, EachPassMatchesDirect) {
+// The shifted GEMMs and Winograd F(2x2, 3x3) on GEMMs sum in another order than oneDNN's kernels:
+// every pass within 2e-5 of direct NHWC's, on any CPU, for odd sizes (partial Winograd tiles),
+// 3 input channels and a single pixel too.
+void expect_gemm_passes_match_direct(CpuConvAlgo algo, const char* kind) {
   auto direct = backend(CpuConvAlgo::kDirect);
-  auto gemm = backend(CpuConvAlgo::kGemm);
+  auto gemm = backend(algo);
   EXPECT_NE(gemm->name().find("GEMMs"), std::string::npos) << gemm->name();
   for (const ConvDesc& d :
        {conv(2, 16, 16, 32, 48, true, true), conv(1, 12, 20, 16, 16, false, false),
@@ -144,8 +145,8 @@ TEST(GemmConv, EachPassMatchesDirect) {
     SCOPED_TRACE(std::to_string(d.cin) + "->" + std::to_string(d.cout) + " " + std::to_string(d.h) +
                  "x" + std::to_string(d.w));
     const ConvResult a = run_conv(*direct, d), b = run_conv(*gemm, d, 2, &a.y);
-    std::printf("[gemm] %d->%d %dx%d: y %.2e dx %.2e dw %.2e db %.2e\n", d.cin, d.cout, d.h, d.w,
-                rel_diff(b.y, a.y), rel_diff(b.dx, a.dx), rel_diff(b.dw, a.dw),
+    std::printf("[%s] %d->%d %dx%d: y %.2e dx %.2e dw %.2e db %.2e\n", kind, d.cin, d.cout, d.h,
+                d.w, rel_diff(b.y, a.y), rel_diff(b.dx, a.dx), rel_diff(b.dw, a.dw),
                 d.bias ? rel_diff(b.db, a.db) : 0.0);
     EXPECT_LT(rel_diff(b.y, a.y), 2e-5);
     EXPECT_LT(rel_diff(b.dx, a.dx), 2e-5);
@@ -154,13 +155,25 @@ TEST(GemmConv, EachPassMatchesDirect) {
       EXPECT_LT(rel_diff(b.db, a.db), 2e-5);
     }
   }
-  const std::string k = gemm->kernel_choices();
-  EXPECT_EQ(k, "forward: 5 GEMM; backward data: 5 GEMM; backward weights: 5 GEMM");
+  EXPECT_EQ(gemm->kernel_choices(), algo == CpuConvAlgo::kGemm
+                                        ? "forward: 5 GEMM; backward data: 5 GEMM; backward "
+                                          "weights: 5 GEMM"
+                                        : "forward: 5 Winograd on GEMMs; backward data: 5 "
+                                          "Winograd on GEMMs; backward weights: 5 GEMM");
 }
 
-// All 27 ways to run the three passes on direct NHWC, blocked (or Winograd) and GEMM kernels, as
-// timing may leave them: the blocked and GEMM passes share the copies scratch, and none may
-// clobber what another still reads (the scratch is poisoned before each call).
+TEST(GemmConv, EachPassMatchesDirect) {
+  expect_gemm_passes_match_direct(CpuConvAlgo::kGemm, "gemm");
+}
+
+TEST(GemmWinograd, EachPassMatchesDirect) {
+  expect_gemm_passes_match_direct(CpuConvAlgo::kGemmWinograd, "gemm-winograd");
+}
+
+// All 48 ways to run the three passes on direct NHWC, blocked (or oneDNN's Winograd), shifted GEMM
+// and (forward, backward-data) Winograd-on-GEMM kernels, as timing may leave them: the blocked and
+// GEMM passes share the copies scratch, and none may clobber what another still reads (the scratch
+// is poisoned before each call).
 TEST(ConvKernels, EveryMixOverThePassesMatchesDirect) {
   const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(eng);
@@ -171,10 +184,12 @@ TEST(ConvKernels, EveryMixOverThePassesMatchesDirect) {
   const cpu::Scratch scratch{weights.data(), copies.data()};
   auto direct = backend(CpuConvAlgo::kDirect);
   const ConvResult a = run_conv(*direct, d);
-  const cpu::PassAlgo kinds[3] = {cpu::PassAlgo::kDirect, cpu::PassAlgo::kBlocked,
-                                  cpu::PassAlgo::kGemm};
-  for (int mix = 0; mix < 27; ++mix) {
-    for (int k = 0; k < 3; ++k) p->algo[k] = kinds[mix / (k == 0 ? 1 : k == 1 ? 3 : 9) % 3];
+  const cpu::PassAlgo kinds[4] = {cpu::PassAlgo::kDirect, cpu::PassAlgo::kBlocked,
+                                  cpu::PassAlgo::kGemm, cpu::PassAlgo::kGemmWinograd};
+  for (int mix = 0; mix < 48; ++mix) {  // forward, backward data: 4 kinds; backward weights: 3
+    p->algo[0] = kinds[mix % 4];
+    p->algo[1] = kinds[mix / 4 % 4];
+    p->algo[2] = kinds[mix / 16];
     SCOPED_TRACE("forward " + std::to_string(int(p->algo[0])) + ", backward data " +
                  std::to_string(int(p->algo[1])) + ", backward weights " +
                  std::to_string(int(p->algo[2])));
@@ -219,9 +234,10 @@ void expect_trains_like_direct(CpuConvAlgo algo) {
   ModelConfig mc;
   mc.width_divisor = 2;
   Vec losses[2], weights[2];
-  const char* kind = algo == CpuConvAlgo::kWinograd ? "Winograd"
-                     : algo == CpuConvAlgo::kGemm   ? "GEMM"
-                                                    : "blocked";
+  const char* kind = algo == CpuConvAlgo::kWinograd       ? "Winograd"
+                     : algo == CpuConvAlgo::kGemm         ? "GEMM"
+                     : algo == CpuConvAlgo::kGemmWinograd ? "GEMM"  // Winograd on GEMMs; GEMM
+                                                          : "blocked";
   for (int b = 0; b < 2; ++b) {
     auto be = backend(b == 0 ? CpuConvAlgo::kDirect : algo);
     const test::FitResult fit = test::fit_one_batch(*be, mc, 5, 0.1f);
@@ -260,6 +276,10 @@ TEST(BlockedConv, TrainsLikeDirect) {
 
 TEST(GemmConv, TrainsLikeDirect) {
   expect_trains_like_direct(CpuConvAlgo::kGemm);
+}
+
+TEST(GemmWinograd, TrainsLikeDirect) {
+  expect_trains_like_direct(CpuConvAlgo::kGemmWinograd);
 }
 
 }  // namespace

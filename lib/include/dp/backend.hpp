@@ -225,12 +225,14 @@ enum class Precision { kFloat32, kBFloat16 };
 // oneDNN's Winograd kernel (F(4x4, 3x3); AVX-512 only) or, where it has none, its direct kernels on
 // its blocked layout (nChw8c on AVX2). Both are timed on the layer's own tensors at the pass's
 // first use, for passes of at least 0.2 GFLOP whose scratchpad fits 96 MiB (the choice may differ
-// between runs and ranks; results differ in the last bits). A third candidate is timed with them:
-// nine GEMMs per pass on oneDNN's sgemm, one per kernel tap, on zero-bordered copies of each image
-// (lib/cpu/conv_gemm.hpp; up to 2x faster than oneDNN 2.6's backward-weights kernels on AVX2).
-// kWinograd: Winograd wherever oneDNN has it, whatever its memory; kBlocked: the direct kernels on
-// blocked copies, kGemm: the GEMMs, for every 3x3 stride-1 pass (tests, benchmarks).
-enum class CpuConvAlgo { kDirect, kAuto, kWinograd, kBlocked, kGemm };
+// between runs and ranks; results differ in the last bits). The backend's own kernels on oneDNN's
+// sgemm are timed with them (lib/cpu/conv_gemm.hpp): nine GEMMs per pass, one per kernel tap, on
+// zero-bordered copies of each image (up to 2x faster than oneDNN 2.6's backward-weights kernels
+// on AVX2), and for forward and backward-data Winograd F(2x2, 3x3) on 16 GEMMs. kWinograd:
+// oneDNN's Winograd wherever it has it, whatever its memory; kBlocked: the direct kernels on
+// blocked copies; kGemm: the shifted GEMMs; kGemmWinograd: Winograd on GEMMs (backward-weights
+// on the shifted GEMMs); each for every 3x3 stride-1 pass (tests, benchmarks).
+enum class CpuConvAlgo { kDirect, kAuto, kWinograd, kBlocked, kGemm, kGemmWinograd };
 
 struct CpuOptions {
   Precision precision = Precision::kFloat32;
