@@ -81,8 +81,8 @@ void expect_cpu_conv_choices(const std::string& common, const test::TempDir& dir
   EXPECT_NE(
       a.output.find(has_winograd
                         ? "(3x3: direct, Winograd or GEMMs, timed at first use)"
-                        : "(3x3: direct on NHWC or on blocked copies, or GEMMs, timed at first "
-                          "use; oneDNN has no Winograd on this CPU)"),
+                        : "(3x3: direct on NHWC or on blocked copies, or GEMMs (shifted or "
+                          "Winograd), timed at first use; oneDNN has no Winograd on this CPU)"),
       std::string::npos)
       << (isa_cap.empty() ? "native ISA" : isa_cap) << ":\n"
       << a.output;
