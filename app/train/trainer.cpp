@@ -324,7 +324,8 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
           comm_.rank() == 0,
           use_progress_bar(opt_.progress, isatty(STDOUT_FILENO) != 0, isatty(STDERR_FILENO) != 0),
           opt_.log_every) {
-  {  // Once, rank 0: every effective option (the same text is stored in every checkpoint).
+  if (comm_.rank() == 0) {  // Once: every effective option (also stored in every checkpoint;
+                            // the same on every rank, so not repeated by --log-all-ranks).
     std::string block;
     std::istringstream lines(opt_.describe());
     for (std::string line; std::getline(lines, line);) block += "\n  " + line;

@@ -1,5 +1,5 @@
-// 3x3 stride-1 fp32 convolution passes as nine shifted GEMMs each (oneDNN's sgemm) on
-// zero-bordered copies of the images; see conv_gemm.hpp for the layout.
+// 3x3 stride-1 fp32 convolution passes on oneDNN's sgemm: nine shifted GEMMs each on zero-bordered
+// copies of the images, and Winograd F(2x2, 3x3) for forward and backward-data; see conv_gemm.hpp.
 #include "conv_gemm.hpp"
 
 #include <dnnl.h>
@@ -13,6 +13,12 @@ namespace dp::cpu {
 namespace {
 
 constexpr int kTaps = 9;
+
+// Winograd tiles transformed at a time: 16 x kTileChunk x (cin + cout) floats of copies (at most
+// 32 MiB for 1024 channels), and GEMMs of kTileChunk rows.
+constexpr int64_t kTileChunk = 256;
+constexpr int kWinoPoints = 16;  // a 4x4 transformed tile
+constexpr int kLanes = 16;       // channels the Winograd transforms handle at a time
 
 // Row-major C (m x n) = alpha op(A) op(B) + beta C; op(X) = X or its transpose.
 void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
@@ -41,12 +47,6 @@ int64_t GemmConv::padded_rows() const {
 int64_t GemmConv::wide_rows() const {
   return int64_t(h) * (w + 2);
 }
-
-// Winograd tiles transformed at a time: 16 x kTileChunk x (cin + cout) floats of copies (at most
-// 32 MiB for 1024 channels), and GEMMs of kTileChunk rows.
-constexpr int64_t kTileChunk = 256;
-constexpr int kWinoPoints = 16;  // a 4x4 transformed tile
-constexpr int kLanes = 16;       // channels the Winograd transforms handle at a time
 
 size_t GemmConv::copies_bytes() const {
   const size_t shifted = aligned(size_t(padded_rows()) * cin * sizeof(float)) +
