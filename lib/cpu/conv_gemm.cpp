@@ -72,26 +72,24 @@ float* GemmConv::wide(void* copies) const {
 // loop would miss the cache on every element of one side.
 constexpr int64_t kTransposeBlock = 16;
 
-void GemmConv::weights_to_taps(const float* w_oihw, float* taps) const {
+// Calls copy(tap-layout index, OIHW index) for every weight, in that blocked order.
+template <typename F>
+void for_each_weight_blocked(int64_t cin, int64_t cout, const F& copy) {
 #pragma omp parallel for schedule(static)
   for (int64_t o0 = 0; o0 < cout; o0 += kTransposeBlock) {
     const int64_t o1 = std::min<int64_t>(o0 + kTransposeBlock, cout);
     for (int64_t c = 0; c < cin; ++c)
       for (int64_t t = 0; t < kTaps; ++t)
-        for (int64_t o = o0; o < o1; ++o)
-          taps[(t * cin + c) * cout + o] = w_oihw[(o * cin + c) * kTaps + t];
+        for (int64_t o = o0; o < o1; ++o) copy((t * cin + c) * cout + o, (o * cin + c) * kTaps + t);
   }
 }
 
+void GemmConv::weights_to_taps(const float* w_oihw, float* taps) const {
+  for_each_weight_blocked(cin, cout, [&](int64_t i, int64_t j) { taps[i] = w_oihw[j]; });
+}
+
 void GemmConv::taps_to_weights(const float* taps, float* w_oihw) const {
-#pragma omp parallel for schedule(static)
-  for (int64_t o0 = 0; o0 < cout; o0 += kTransposeBlock) {
-    const int64_t o1 = std::min<int64_t>(o0 + kTransposeBlock, cout);
-    for (int64_t c = 0; c < cin; ++c)
-      for (int64_t t = 0; t < kTaps; ++t)
-        for (int64_t o = o0; o < o1; ++o)
-          w_oihw[(o * cin + c) * kTaps + t] = taps[(t * cin + c) * cout + o];
-  }
+  for_each_weight_blocked(cin, cout, [&](int64_t i, int64_t j) { w_oihw[j] = taps[i]; });
 }
 
 // One NHWC image into the zero-bordered buffer.
