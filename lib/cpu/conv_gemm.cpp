@@ -70,14 +70,14 @@ float* GemmConv::wide(void* copies) const {
 // OIHW <-> [tap][cin][cout], in blocks of 16 output channels: each block reads (or writes) 16
 // contiguous runs of 9 cin values and writes (reads) whole cache lines of 16 floats, where a plain
 // loop would miss the cache on every element of one side.
-constexpr int64_t kTransposeBlock = 16;
+constexpr int64_t kChannelBlock = 16;
 
 // Calls copy(tap-layout index, OIHW index) for every weight, in that blocked order.
 template <typename F>
 void for_each_weight_blocked(int64_t cin, int64_t cout, const F& copy) {
 #pragma omp parallel for schedule(static)
-  for (int64_t o0 = 0; o0 < cout; o0 += kTransposeBlock) {
-    const int64_t o1 = std::min<int64_t>(o0 + kTransposeBlock, cout);
+  for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock) {
+    const int64_t o1 = std::min<int64_t>(o0 + kChannelBlock, cout);
     for (int64_t c = 0; c < cin; ++c)
       for (int64_t t = 0; t < kTaps; ++t)
         for (int64_t o = o0; o < o1; ++o) copy((t * cin + c) * cout + o, (o * cin + c) * kTaps + t);
@@ -156,10 +156,16 @@ void GemmConv::backward_weights(const float* x, const float* dy, float* dw_oihw,
   }
   taps_to_weights(dtaps, dw_oihw);
   if (!has_bias) return;
-  std::fill(db, db + cout, 0.0f);
+  // Each thread sums its own channels over every pixel, in pixel order (any thread count gives
+  // the same bits).
   const int64_t pixels = int64_t(n) * h * w;
-  for (int64_t p = 0; p < pixels; ++p)
-    for (int64_t o = 0; o < cout; ++o) db[o] += dy[p * cout + o];
+#pragma omp parallel for schedule(static)
+  for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock) {
+    const int64_t o1 = std::min<int64_t>(o0 + kChannelBlock, cout);
+    std::fill(db + o0, db + o1, 0.0f);
+    for (int64_t p = 0; p < pixels; ++p)
+      for (int64_t o = o0; o < o1; ++o) db[o] += dy[p * cout + o];
+  }
 }
 
 void GemmConv::backward_data(const float* dy, const float* w_oihw, float* dx, void* weights,
@@ -170,10 +176,16 @@ void GemmConv::backward_data(const float* dy, const float* w_oihw, float* dx, vo
   const int64_t wp = w + 2, image_in = int64_t(h) * w * cin, image_out = int64_t(h) * w * cout;
   for (int64_t i = 0; i < n; ++i) {
     widen(dy + i * image_out, dyw);
-    std::memset(dxp, 0, size_t(padded_rows()) * cin * sizeof(float));
-    for (int t = 0; t < kTaps; ++t)
-      sgemm('N', 'T', wide_rows(), cin, cout, dyw, cout, taps + int64_t(t) * cin * cout, cout, 1.0f,
-            dxp + ((t / 3) * wp + t % 3) * cin, cin);
+    // The centre tap (rows wp+1 on) goes first and overwrites; only the rows before and after
+    // its range need zeros.
+    std::memset(dxp, 0, size_t(wp + 1) * cin * sizeof(float));
+    std::memset(dxp + (wp + 1 + wide_rows()) * cin, 0,
+                size_t(padded_rows() - wp - 1 - wide_rows()) * cin * sizeof(float));
+    for (int k = 0; k < kTaps; ++k) {
+      const int t = (k + kTaps / 2) % kTaps;  // 4, 5, ..., 8, 0, ..., 3
+      sgemm('N', 'T', wide_rows(), cin, cout, dyw, cout, taps + int64_t(t) * cin * cout, cout,
+            k == 0 ? 0.0f : 1.0f, dxp + ((t / 3) * wp + t % 3) * cin, cin);
+    }
     float* out = dx + i * image_in;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < h; ++r)
@@ -185,9 +197,9 @@ void GemmConv::backward_data(const float* dy, const float* w_oihw, float* dx, vo
 void GemmConv::winograd_filters(const float* w_oihw, bool rotated, float* u) const {
   const int64_t k_in = rotated ? cout : cin, k_out = rotated ? cin : cout;
 #pragma omp parallel for schedule(static)
-  for (int64_t o0 = 0; o0 < cout; o0 += kTransposeBlock)
+  for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock)
     for (int64_t c = 0; c < cin; ++c)
-      for (int64_t o = o0; o < std::min<int64_t>(o0 + kTransposeBlock, cout); ++o) {
+      for (int64_t o = o0; o < std::min<int64_t>(o0 + kChannelBlock, cout); ++o) {
         const float* f = w_oihw + (o * cin + c) * kTaps;
         float g[3][3];
         for (int i = 0; i < 3; ++i)
