@@ -21,6 +21,7 @@
 #include "dp/error.hpp"
 #include "dp/prepare.hpp"
 #include "dp/synth.hpp"
+#include "placeholders.hpp"
 
 namespace po = boost::program_options;
 
@@ -456,6 +457,9 @@ void print_help() {
 int run(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) throw UsageError("no command given (try 'dpprep --help')");
+  for (const std::string& a : args)
+    if (const std::string word = dp::app::boost_placeholder_in(a); !word.empty())
+      throw UsageError(dp::str_cat("argument '", a, "': '", word, "' is not allowed in options"));
   const std::string& name = args.front();
   if (name == "--help" || name == "-h" || name == "help") {
     print_help();

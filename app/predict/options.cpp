@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "placeholders.hpp"
 #include "train/options.hpp"
 
 namespace dp::app {
@@ -89,6 +90,9 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   po::options_description all;
   all.add(visible).add(hidden);
 
+  for (int i = 1; i < argc; ++i)
+    if (const std::string word = boost_placeholder_in(argv[i]); !word.empty())
+      throw UsageError(str_cat("argument '", argv[i], "': '", word, "' is not allowed in options"));
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);

@@ -9,6 +9,7 @@
 
 #include "dp/loader.hpp"
 #include "dp/model.hpp"
+#include "placeholders.hpp"
 #include "train/metrics.hpp"
 
 namespace dp::app {
@@ -87,18 +88,10 @@ std::string TrainOptions::describe() const {
 
 namespace {
 
-// Boost.Program_options 1.74 formats an error by replacing each placeholder of its message
-// ("%value%", "%invalid_line%", ...) with the offending text, and loops forever when that text
-// holds the placeholder itself (found by fuzzing --config): any "%word%" is refused before Boost
-// sees it.
+// A "%word%" would hang Boost's error formatting (app/placeholders.hpp).
 void refuse_placeholders(const std::string& text, const std::string& where) {
-  for (size_t at = text.find('%'); at != std::string::npos; at = text.find('%', at + 1)) {
-    size_t end = at + 1;
-    while (end < text.size() && ((text[end] >= 'a' && text[end] <= 'z') || text[end] == '_')) ++end;
-    if (end > at + 1 && end < text.size() && text[end] == '%')
-      throw UsageError(
-          str_cat(where, ": '", text.substr(at, end - at + 1), "' is not allowed in options"));
-  }
+  if (const std::string word = boost_placeholder_in(text); !word.empty())
+    throw UsageError(str_cat(where, ": '", word, "' is not allowed in options"));
 }
 
 // Reads an INI file of options into `vm` (values already there, from the command line, stay).

@@ -18,6 +18,7 @@
 #include "dp/optim.hpp"
 #include "dp/prepare.hpp"
 #include "dp/weights.hpp"
+#include "predict/options.hpp"
 #include "test_util.hpp"
 #include "train/options.hpp"
 
@@ -213,6 +214,10 @@ TEST(Hostile, ConfigWithABoostPlaceholderIsAnErrorNotAHang) {
   const char* argv[] = {"dptrain", "--epochs", "%value%"};
   EXPECT_TRUE(contains(error_of([&] { dp::app::parse_train_options(3, argv, false); }),
                        "argument '%value%': '%value%' is not allowed"));
+  // dppredict's options (dpprep's: test_data_cli).
+  const char* predict_argv[] = {"dppredict", "--threshold", "x%value%"};
+  EXPECT_TRUE(contains(error_of([&] { dp::app::parse_predict_options(3, predict_argv, false); }),
+                       "argument 'x%value%': '%value%' is not allowed"));
 }
 
 }  // namespace
