@@ -5,11 +5,13 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <utility>
 
 #include "agreement.hpp"
 #include "dp/weights.hpp"
 #include "exit_codes.hpp"
+#include "predict/normalization.hpp"
 #include "train/metrics.hpp"
 #include "train/retention.hpp"
 
@@ -70,6 +72,26 @@ const ParamView* first_nonfinite_view(const ParamStore& params, const float* are
     for (int64_t i = 0; i < v.numel; ++i)
       if (!std::isfinite(base[v.offset + i])) return &v;
   return nullptr;
+}
+
+// What differs between the loss a checkpoint was trained with (its recorded options) and this
+// run's, as "loss bce -> bce+dice, pos_weight none -> sqrt"; empty if nothing does. Checkpoints
+// from before --loss trained with bce, and recorded pos_weight as 0 or 1.
+std::string loss_changes(const std::string& recorded, const TrainOptions& now) {
+  std::map<std::string, std::string> was = parse_option_lines(recorded);
+  if (was.empty()) return {};  // written without options: nothing to compare
+  was.try_emplace("loss", "bce");
+  std::string& pw = was["pos_weight"];
+  pw = pw.empty() || pw == "0" ? "none" : pw == "1" ? "dataset" : pw;
+  const std::map<std::string, std::string> is = parse_option_lines(now.describe());
+  std::string changes;
+  for (const char* key : {"loss", "pos_weight", "focal_alpha", "focal_gamma"}) {
+    const bool focal_key = key[0] == 'f';
+    if (focal_key && (was["loss"] != "focal" || now.loss != "focal")) continue;
+    if (was[key] != is.at(key))
+      changes += str_cat(changes.empty() ? "" : ", ", key, " ", was[key], " -> ", is.at(key));
+  }
+  return changes;
 }
 
 }  // namespace
@@ -217,6 +239,10 @@ CheckpointMeta Checkpoints::restore_or_init() {
                   " will be overwritten");
     }
     if (!resumed_from.empty() && state.best_metric != opt_.best_metric) rechoose_best(state);
+    if (const std::string changes = loss_changes(state.options, opt_);
+        !resumed_from.empty() && !changes.empty())
+      log_.warn("checkpoint '", resumed_from, "' was trained with another loss (", changes,
+                "); training continues with this run's (give the checkpoint's options to keep it)");
   });
   broadcast_state(state);
   if (!resumed_from.empty())

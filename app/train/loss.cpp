@@ -1,6 +1,9 @@
 // The training loss: --loss chooses the backend's BCE, Dice and focal terms and their scales.
 #include "train/loss.hpp"
 
+#include <cmath>
+#include <cstdlib>
+
 #include "dp/error.hpp"
 #include "train/options.hpp"
 
@@ -20,6 +23,15 @@ Loss::Loss(const TrainOptions& o, float pos_weight)
     kind_ = Kind::kFocal;
   else
     fail("--loss: unknown loss '", o.loss, "'");
+}
+
+float Loss::crack_weight(const std::string& spec, float dataset_ratio) {
+  if (spec == "none") return 1.0f;
+  if (spec == "dataset") return dataset_ratio;
+  if (spec == "sqrt") return std::sqrt(dataset_ratio);
+  char* end = nullptr;
+  const double v = spec.empty() ? 0.0 : std::strtod(spec.c_str(), &end);
+  return end && *end == '\0' && std::isfinite(v) && v > 0 ? float(v) : 0.0f;
 }
 
 std::string Loss::describe(const TrainOptions& o) {

@@ -24,6 +24,11 @@ class Loss {
   double sum(Backend& backend, int images, int64_t pixels, const float* logits, const float* target,
              int64_t global_images, float* diff_logits) const;
 
+  // BCE's weight of crack pixels for --pos-weight `spec` (none, dataset, sqrt or a number) on a
+  // training split with `dataset_ratio` background pixels per crack pixel; 0 if `spec` is none of
+  // those.
+  static float crack_weight(const std::string& spec, float dataset_ratio);
+
   // "BCE per pixel", "soft Dice per image", ... (chart titles).
   static std::string describe(const TrainOptions& options);
 

@@ -10,6 +10,7 @@
 #include "dp/loader.hpp"
 #include "dp/model.hpp"
 #include "placeholders.hpp"
+#include "train/loss.hpp"
 #include "train/metrics.hpp"
 
 namespace dp::app {
@@ -54,7 +55,7 @@ std::string TrainOptions::describe() const {
      << "tolerance = " << tolerance << "\n"
      << "val_every = " << val_every << "\n"
      << "best_metric = " << best_metric << "\n"
-     << "pos_weight = " << use_pos_weight << "\n"
+     << "pos_weight = " << pos_weight << "\n"
      << "loss = " << loss << "\n"
      << "focal_alpha = " << focal_alpha << "\n"
      << "focal_gamma = " << focal_gamma << "\n"
@@ -186,8 +187,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "stop (exit 3); 0: stop at the first")(
       "lr-step", po::value(&o.lr_step)->default_value(o.lr_step), "epochs between LR decays")(
       "lr-gamma", po::value(&o.lr_gamma)->default_value(o.lr_gamma), "LR decay factor")(
-      "pos-weight", po::bool_switch(&o.use_pos_weight),
-      "weight crack pixels by the dataset's pos_weight (in BCE)")(
+      "pos-weight",
+      po::value(&o.pos_weight)->default_value(o.pos_weight)->implicit_value("dataset"),
+      "weight of crack pixels in BCE: none, dataset (the file's pos_weight, background/crack "
+      "pixels; also --pos-weight alone), sqrt (its square root) or a number")(
       "loss", po::value(&o.loss)->default_value(o.loss),
       "bce (per pixel), dice (soft Dice per image), bce+dice (their sum; the default since "
       "CrackForest, docs/real-data.md) or focal (per pixel); each the mean over the global batch")(
@@ -362,7 +365,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
           "--loss must be bce, dice, bce+dice or focal, got '", o.loss, "'");
   require(o.focal_alpha <= 1, "--focal-alpha must be <= 1 (< 0: off), got ", o.focal_alpha);
   require(o.focal_gamma >= 0, "--focal-gamma must be >= 0, got ", o.focal_gamma);
-  require(!o.use_pos_weight || o.loss == "bce" || o.loss == "bce+dice",
+  require(Loss::crack_weight(o.pos_weight, 1.0f) > 0,
+          "--pos-weight must be none, dataset, sqrt or a positive number, got '", o.pos_weight,
+          "'");
+  require(o.pos_weight == "none" || o.loss == "bce" || o.loss == "bce+dice",
           "--pos-weight weights BCE: use it with --loss bce or bce+dice (focal has --focal-alpha)");
   require(o.max_steps == -1 || o.max_steps >= 1, "--max-steps must be -1 or positive, got ",
           o.max_steps);

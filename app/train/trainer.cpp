@@ -423,8 +423,14 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
       throw UsageError(str_cat("dataset '", data_path_, "': validation images are ",
                                val_loader_->height(), "x", val_loader_->width(),
                                " but training images are ", height_, "x", width_, " (HxW)"));
-    pos_weight_ = opt_.use_pos_weight ? train_loader_->pos_weight() : 1.0f;
+    pos_weight_ = Loss::crack_weight(opt_.pos_weight, train_loader_->pos_weight());
     loss_ = std::make_unique<Loss>(opt_, pos_weight_);
+    log_.info("loss: ", Loss::describe(opt_),
+              opt_.pos_weight == "none"
+                  ? std::string()
+                  : str_cat("; crack pixels weigh ", pos_weight_, " in BCE (--pos-weight ",
+                            opt_.pos_weight, "; the training split has ",
+                            train_loader_->pos_weight(), " background pixels per crack pixel)"));
 
     ModelConfig mc;
     mc.name = opt_.model;

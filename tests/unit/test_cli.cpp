@@ -206,6 +206,15 @@ TEST_F(Cli, TrainsCheckpointsResumesAndFinishes) {
   r = test::run_command(dptrain(2, common() + " --epochs 3"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("run already complete"), std::string::npos) << r.output;
+  // Resuming with another loss is allowed, and said (one line, from rank 0).
+  EXPECT_EQ(count(r.output, "another loss"), 0) << r.output;
+  r = test::run_command(dptrain(2, common() + " --epochs 3 --loss bce --pos-weight sqrt"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output,
+                  "was trained with another loss (loss bce+dice -> bce, pos_weight "
+                  "none -> sqrt); training continues with this run's"),
+            1)
+      << r.output;
 
   // A torn newest checkpoint is reported and the previous one is used.
   std::filesystem::resize_file(dir_.file("run/model_epoch_3.h5"), 1000);

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "test_util.hpp"
+#include "train/loss.hpp"
 #include "train/options.hpp"
 
 namespace dp {
@@ -70,6 +71,26 @@ TEST(Config, LossChoices) {
   EXPECT_NE(usage_error({"--focal-gamma", "-1"}).find("--focal-gamma must be >= 0"),
             std::string::npos);
   EXPECT_NE(parse({"--loss", "dice"})->describe().find("loss = dice\n"), std::string::npos);
+}
+
+TEST(Config, PosWeightTakesARuleOrANumber) {
+  EXPECT_EQ(parse({})->pos_weight, "none");
+  EXPECT_EQ(parse({"--pos-weight"})->pos_weight, "dataset");  // the switch it used to be
+  EXPECT_EQ(parse({"--pos-weight=sqrt"})->pos_weight, "sqrt");
+  EXPECT_EQ(parse({"--pos-weight", "sqrt"})->pos_weight, "sqrt");
+  EXPECT_EQ(parse({"--pos-weight", "4.5", "--loss", "bce"})->pos_weight, "4.5");
+  for (const std::string bad : {"-1", "0", "inf", "nan", "3x", "auto"})
+    EXPECT_EQ(usage_error({("--pos-weight=" + bad).c_str()}),
+              std::string("--pos-weight must be none, dataset, sqrt or a positive number, got '") +
+                  bad + "'")
+        << bad;
+  EXPECT_NE(usage_error({"--loss", "dice", "--pos-weight", "sqrt"}).find("--loss bce or bce+dice"),
+            std::string::npos);
+  EXPECT_EQ(app::Loss::crack_weight("none", 64.0f), 1.0f);
+  EXPECT_EQ(app::Loss::crack_weight("dataset", 64.0f), 64.0f);
+  EXPECT_EQ(app::Loss::crack_weight("sqrt", 64.0f), 8.0f);
+  EXPECT_EQ(app::Loss::crack_weight("2.5", 64.0f), 2.5f);
+  EXPECT_EQ(app::Loss::crack_weight("-2", 64.0f), 0.0f);
 }
 
 TEST(Config, UnknownKeysBadValuesAndMissingFilesNameTheFile) {
