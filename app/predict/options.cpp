@@ -4,6 +4,7 @@
 #include <boost/program_options.hpp>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "placeholders.hpp"
@@ -34,7 +35,7 @@ void parse_tile(const std::string& text, int& height, int& width) {
 std::optional<PredictOptions> parse_predict_options(int argc, const char* const* argv,
                                                     bool print_help) {
   PredictOptions o;
-  std::string tile;
+  std::string tile, threshold;
   po::options_description in("Input");
   in.add_options()("checkpoint,c", po::value(&o.checkpoint),
                    "trained model: model_best.h5 or model_epoch_<N>.h5 (required)")(
@@ -45,8 +46,9 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   po::options_description out("Output");
   out.add_options()("out,o", po::value(&o.out),
                     "output folder: masks/, prob/ and overlay/ (optional with --dataset)")(
-      "threshold", po::value(&o.threshold)->default_value(o.threshold),
-      "probability above which a pixel is a crack")(
+      "threshold", po::value(&threshold)->default_value("0.5"),
+      "probability above which a pixel is a crack, or ods: the threshold of the best F-measure "
+      "over the validation split that dptrain recorded for the checkpoint's epoch")(
       "tolerance", po::value(&o.tolerance)->default_value(o.tolerance),
       "with --dataset: ODS/OIS/AP count a predicted crack pixel within this many pixels of a "
       "true one as right, and a true one with a prediction this close as found")(
@@ -116,7 +118,13 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   require(o.from_dataset() || !o.out.empty(), "--out is required for images (see --help)");
   require(o.split == "train" || o.split == "val", "--split must be train or val, got '", o.split,
           "'");
-  require(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got ", o.threshold);
+  o.threshold_ods = threshold == "ods";
+  if (!o.threshold_ods) {
+    char* end = nullptr;
+    o.threshold = std::strtod(threshold.c_str(), &end);
+    require(!threshold.empty() && *end == '\0' && o.threshold > 0 && o.threshold < 1,
+            "--threshold must be in (0, 1) or ods, got '", threshold, "'");
+  }
   require(o.tolerance >= 0 && o.tolerance <= 32, "--tolerance must be in [0, 32] pixels, got ",
           o.tolerance);
   require(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);

@@ -15,6 +15,7 @@ struct PredictOptions {
   std::string split = "val";        // its split
   std::string out;                  // output folder (optional with --dataset: metrics only)
   double threshold = 0.5;           // probability above which a pixel is a crack
+  bool threshold_ods = false;       // --threshold ods: the checkpoint's validation ODS threshold
   int tolerance = 0;       // --dataset: pixels of tolerance of ODS/OIS/AP (train/sweep_metrics.hpp)
   bool save_prob = false;  // also write the probability map (8-bit PNG)
   bool overlay = false;    // also write the image with crack pixels tinted

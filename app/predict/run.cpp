@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <unordered_map>
@@ -204,6 +205,25 @@ std::vector<std::string> list_inputs(const PredictOptions& options) {
   return files;
 }
 
+namespace {
+
+// --threshold ods: the threshold of the validation's ODS F-measure that dptrain recorded for the
+// checkpoint's last epoch.
+double recorded_ods_threshold(const CheckpointMeta& meta, const std::string& checkpoint) {
+  const size_t epoch = size_t(std::max<int64_t>(meta.epoch, 0));
+  const double t = epoch >= 1 && epoch <= meta.valid_ods_threshold.size()
+                       ? meta.valid_ods_threshold[epoch - 1]
+                       : std::numeric_limits<double>::quiet_NaN();
+  if (!(t > 0 && t < 1))
+    throw UsageError(str_cat("--threshold ods: checkpoint '", checkpoint,
+                             "' records no validation ODS threshold for its epoch ", meta.epoch,
+                             " (not validated that epoch, or written by an older dptrain); give "
+                             "--threshold P"));
+  return t;
+}
+
+}  // namespace
+
 int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
                 SegmentationMetrics* metrics_out) {
   const auto t0 = Clock::now();
@@ -217,6 +237,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   if (o.device == "auto") gpu = comm.all_true(cuda::visible_device_count() > 0);
 #endif
   std::string device = "cpu (oneDNN, " + cpu_isa_name() + ")";
+  double threshold = o.threshold;
   collectively(comm, [&] {
 #ifdef DP_WITH_CUDA
     if (gpu) {
@@ -239,6 +260,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     po.conv_algo = parse_cpu_conv(o.cpu_conv);
     po.precision = parse_precision(o.precision);
     predictor = std::make_unique<Predictor>(o.checkpoint, po);
+    if (o.threshold_ods) threshold = recorded_ods_threshold(predictor->meta(), o.checkpoint);
     if (o.from_dataset()) {
       dataset = std::make_unique<data::Dataset>(o.dataset, o.split);
       for (int64_t i = 0; i < dataset->size(); ++i)
@@ -260,7 +282,8 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
            predictor->tile_width(), ", overlap ", predictor->overlap(),
            predictor->margin() > 0 ? str_cat(", margin ", predictor->margin()) : std::string(),
            ", ", o.batch_size, " per batch; ", inputs.size(), " image(s) on ", world,
-           " rank(s); rank 0 on ", device, o.precision == "bf16" ? ", bf16 activations" : "");
+           " rank(s); rank 0 on ", device, o.precision == "bf16" ? ", bf16 activations" : "",
+           o.threshold_ods ? str_cat("; threshold ", threshold, " (validation ODS)") : "");
 
   std::vector<size_t> mine;
   for (size_t i = size_t(rank); i < inputs.size(); i += size_t(world)) mine.push_back(i);
@@ -268,7 +291,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   SegmentationMetrics m;
   ThresholdSweep sweep(o.tolerance);                       // ODS/OIS/AP of --dataset
   std::unordered_map<size_t, std::vector<uint8_t>> truth;  // dataset masks of images in flight
-  const auto threshold = float(o.threshold);
+  const auto mask_threshold = float(threshold);
   const fs::path out(o.out);
 
   // Writes the outputs of one finished image and counts it.
@@ -276,7 +299,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     const int w = image.width, h = image.height;
     const size_t pixels = size_t(w) * size_t(h);
     std::vector<uint8_t> mask(pixels);
-    for (size_t i = 0; i < pixels; ++i) mask[i] = prob[i] > threshold ? kMaskOn : 0;
+    for (size_t i = 0; i < pixels; ++i) mask[i] = prob[i] > mask_threshold ? kMaskOn : 0;
     const std::string file = inputs[id].name + ".png";
     if (!o.out.empty()) {
       write_png_whole((out / kMaskDir / file).string(), mask.data(), w, h, 1);
@@ -379,7 +402,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   }
   if (dataset) {
     log.info("metrics on ", o.dataset, " /", o.split, " (", total.images, " images, ", total.pixels,
-             " pixels, threshold ", o.threshold, "): iou ", fixed(total.iou(), 8), "  dice ",
+             " pixels, threshold ", threshold, "): iou ", fixed(total.iou(), 8), "  dice ",
              fixed(total.dice(), 8), "  precision ", fixed(total.precision(), 8), "  recall ",
              fixed(total.recall(), 8), "; over thresholds 0.01..0.99, tolerance ", o.tolerance,
              " px: ods ", fixed(total.sweep.ods, 8), " (t ", fixed(total.sweep.ods_threshold, 2),

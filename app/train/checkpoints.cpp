@@ -29,7 +29,8 @@ std::vector<double> pack(const CheckpointMeta& m) {
            {double(m.epoch_step), double(m.epoch_position), double(m.epoch_partial.size())});
   v.insert(v.end(), m.epoch_partial.begin(), m.epoch_partial.end());
   v.push_back(m.best_score);
-  for (const auto* h : {&m.valid_dice, &m.valid_precision, &m.valid_recall}) {
+  for (const auto* h :
+       {&m.valid_dice, &m.valid_precision, &m.valid_recall, &m.valid_ods_threshold}) {
     v.push_back(double(h->size()));
     v.insert(v.end(), h->begin(), h->end());
   }
@@ -54,7 +55,7 @@ void unpack(const std::vector<double>& v, CheckpointMeta& m) {
   m.epoch_partial.assign(from, from + partial);
   at += 3 + size_t(partial);
   m.best_score = v[at++];
-  for (auto* h : {&m.valid_dice, &m.valid_precision, &m.valid_recall}) {
+  for (auto* h : {&m.valid_dice, &m.valid_precision, &m.valid_recall, &m.valid_ods_threshold}) {
     const auto count = static_cast<size_t>(v[at++]);
     h->assign(v.begin() + static_cast<ptrdiff_t>(at),
               v.begin() + static_cast<ptrdiff_t>(at + count));

@@ -797,6 +797,7 @@ bool Trainer::save_epoch(const EpochMetrics& train, const EpochMetrics& valid, d
   state_.valid_dice.push_back(valid.dice);
   state_.valid_precision.push_back(valid.precision);
   state_.valid_recall.push_back(valid.recall);
+  state_.valid_ods_threshold.push_back(valid.ods_threshold);
   state_.epoch_seconds.push_back(seconds);
   // The best epoch by --best-metric among validated ones (`valid` NaN: not validated); without a
   // validation split, by the same metric on the training split.

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <regex>
 
 #include "dp/error.hpp"
@@ -89,6 +90,7 @@ void write_meta(h5::Location& root, const CheckpointMeta& m) {
   root.set_attr("history_valid_dice", m.valid_dice);
   root.set_attr("history_valid_precision", m.valid_precision);
   root.set_attr("history_valid_recall", m.valid_recall);
+  root.set_attr("history_valid_ods_threshold", m.valid_ods_threshold);
   root.set_attr("epoch_step", m.epoch_step);
   root.set_attr("epoch_position", m.epoch_position);
   root.set_attr("epoch_partial", m.epoch_partial);
@@ -129,6 +131,11 @@ CheckpointMeta read_meta(const h5::Location& root) {
     m.valid_precision = root.attr_doubles("history_valid_precision");
     m.valid_recall = root.attr_doubles("history_valid_recall");
   }
+  // Absent in older files: NaN for each of their epochs.
+  m.valid_ods_threshold =
+      root.has_attr("history_valid_ods_threshold")
+          ? root.attr_doubles("history_valid_ods_threshold")
+          : std::vector<double>(m.train_loss.size(), std::numeric_limits<double>::quiet_NaN());
   if (root.has_attr("has_optimizer_state") && root.attr_int("has_optimizer_state") != 0)
     m.optimizer_state = root.has_attr(kStateNamesAttr)
                             ? split_names(root.attr_string(kStateNamesAttr))

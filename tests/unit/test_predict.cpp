@@ -1,6 +1,7 @@
 // dppredict: tile geometry and blending against a pointwise model, tiled == untiled at the
 // training size, any image size in and out, IoU equal to dptrain's validation, bad input.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
 #include <algorithm>
 #include <cmath>
@@ -420,6 +421,41 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
 
 // --precision bf16: the probabilities of the fp32 model with bf16 activations differ from fp32's
 // by bf16 rounding only (measured 4.1e-4 here), and the command line accepts it.
+// --threshold ods: the threshold of the validation's best F-measure, recorded by dptrain for the
+// checkpoint's epoch; dppredict's own sweep over the same split finds the same one.
+TEST_F(Predict, ThresholdOdsIsTheOneTheValidationRecorded) {
+  const CheckpointMeta meta = read_checkpoint_meta(checkpoint_);
+  ASSERT_EQ(meta.valid_ods_threshold.size(), 1u);
+  const double recorded = meta.valid_ods_threshold[0];
+  ASSERT_TRUE(recorded > 0 && recorded < 1) << recorded;
+  auto r = test::run_command(dppredict(2, "--dataset " + data_ + " -q --threshold ods"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::smatch used, swept;
+  ASSERT_TRUE(std::regex_search(r.output, used,
+                                std::regex("; threshold ([0-9.]+) \\(validation ODS\\)")))
+      << r.output;
+  EXPECT_NEAR(std::stod(used[1]), recorded, 1e-6) << r.output;
+  ASSERT_TRUE(std::regex_search(r.output, swept, std::regex("ods [0-9.]+ \\(t ([0-9.]+)\\)")))
+      << r.output;
+  EXPECT_NEAR(std::stod(swept[1]), recorded, 0.006) << r.output;
+
+  // A checkpoint without the record (an older dptrain's): one usage-error line.
+  const std::string old = dir_->file("old.h5");
+  std::filesystem::copy_file(checkpoint_, old, std::filesystem::copy_options::overwrite_existing);
+  const hid_t file = H5Fopen(old.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  EXPECT_GE(H5Adelete(file, "history_valid_ods_threshold"), 0);
+  H5Fclose(file);
+  r = test::run_command(
+      mpi(1, DP_DPPREDICT, "-c " + old + " --dataset " + data_ + " -q --threshold ods"));
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_EQ(count(r.output, "error:"), 1) << r.output;
+  EXPECT_NE(r.output.find("--threshold ods: checkpoint '" + old +
+                          "' records no validation ODS threshold for its epoch 1"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(Predict, Bf16ProbabilitiesFollowFp32) {
   if (!cpu_bf16_support().empty()) GTEST_SKIP() << "no bf16 on this CPU: " << cpu_bf16_support();
   app::PredictorOptions bf16_options;

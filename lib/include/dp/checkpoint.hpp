@@ -35,6 +35,9 @@ struct CheckpointMeta {
   std::vector<double> train_loss, valid_loss, valid_iou, epoch_seconds;
   // Also one per epoch; NaN for an epoch without validation (--val-every), like valid_loss.
   std::vector<double> valid_dice, valid_precision, valid_recall;
+  // Also one per epoch (NaN without validation): the threshold of the validation's ODS F-measure
+  // (dppredict --threshold ods); NaN for the epochs of files written before it was recorded.
+  std::vector<double> valid_ods_threshold;
   // Mid-epoch (preemption) checkpoints: optimiser steps done in epoch `epoch` (0 = at its start),
   // the positions of that epoch's global sample order consumed by them, and the epoch's partial
   // training sums over all ranks (loss, pixels, TP, FP, FN, samples, seconds).
