@@ -322,21 +322,6 @@ std::string epoch_checkpoint_name(int64_t epoch) {
   return "model_epoch_" + std::to_string(epoch) + ".h5";
 }
 
-std::vector<std::pair<int64_t, std::string>> list_epoch_checkpoints(const std::string& dir) {
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) return found;
-  static const std::regex pattern(R"(model_epoch_(\d+)\.h5)");
-  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    std::smatch m;
-    const std::string name = entry.path().filename().string();
-    if (entry.is_regular_file() && std::regex_match(name, m, pattern))
-      found.emplace_back(std::stoll(m[1].str()), entry.path().string());
-  }
-  std::sort(found.begin(), found.end(), [](auto& a, auto& b) { return a.first > b.first; });
-  return found;
-}
-
 std::string mid_epoch_checkpoint_name(int64_t epoch, int64_t step) {
   return "model_epoch_" + std::to_string(epoch) + "_step_" + std::to_string(step) + ".h5";
 }
@@ -345,7 +330,8 @@ std::vector<CheckpointFile> list_checkpoints(const std::string& dir) {
   std::vector<CheckpointFile> found;
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) return found;
-  static const std::regex pattern(R"(model_epoch_(\d+)(?:_step_(\d+))?\.h5)");
+  // At most 18 digits: every such number fits int64 (dptrain writes no longer ones).
+  static const std::regex pattern(R"(model_epoch_(\d{1,18})(?:_step_(\d{1,18}))?\.h5)");
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     std::smatch m;
     const std::string name = entry.path().filename().string();

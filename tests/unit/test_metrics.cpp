@@ -124,6 +124,7 @@ TEST(Metrics, CheckpointKeepsBestMetricHistoriesAndMidEpochPosition) {
   meta.valid_dice = {0.25};
   meta.valid_precision = {0.125};
   meta.valid_recall = {0.75};
+  meta.valid_ods_threshold = {0.375};
   meta.best_metric = "dice";
   meta.best_score = 0.25;
   meta.epoch_step = 3;
@@ -137,6 +138,7 @@ TEST(Metrics, CheckpointKeepsBestMetricHistoriesAndMidEpochPosition) {
   EXPECT_EQ(r.valid_dice, meta.valid_dice);
   EXPECT_EQ(r.valid_precision, meta.valid_precision);
   EXPECT_EQ(r.valid_recall, meta.valid_recall);
+  EXPECT_EQ(r.valid_ods_threshold, meta.valid_ods_threshold);
   EXPECT_EQ(r.epoch_step, 3);
   EXPECT_EQ(r.epoch_position, 12);
   EXPECT_EQ(r.epoch_partial, meta.epoch_partial);

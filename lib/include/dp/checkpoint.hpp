@@ -71,8 +71,6 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, floa
 CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
                                const OptimizerState& state, ParamStore* buffers = nullptr);
 
-// Epoch checkpoints model_epoch_<N>.h5 in `dir`, newest first (by N).
-std::vector<std::pair<int64_t, std::string>> list_epoch_checkpoints(const std::string& dir);
 std::string epoch_checkpoint_name(int64_t epoch);  // "model_epoch_<N>.h5"
 
 // Epoch and mid-epoch checkpoints (model_epoch_<N>_step_<S>.h5: N epochs and S steps of the next
