@@ -207,19 +207,14 @@ std::vector<std::string> list_inputs(const PredictOptions& options) {
 
 namespace {
 
-// --threshold ods: the threshold of the validation's ODS F-measure that dptrain recorded for the
-// checkpoint's last epoch.
-double recorded_ods_threshold(const CheckpointMeta& meta, const std::string& checkpoint) {
+// The threshold of the validation's ODS F-measure that dptrain recorded for the checkpoint's last
+// epoch (--threshold ods); NaN if there is none.
+double recorded_ods_threshold(const CheckpointMeta& meta) {
   const size_t epoch = size_t(std::max<int64_t>(meta.epoch, 0));
   const double t = epoch >= 1 && epoch <= meta.valid_ods_threshold.size()
                        ? meta.valid_ods_threshold[epoch - 1]
                        : std::numeric_limits<double>::quiet_NaN();
-  if (!(t > 0 && t < 1))
-    throw UsageError(str_cat("--threshold ods: checkpoint '", checkpoint,
-                             "' records no validation ODS threshold for its epoch ", meta.epoch,
-                             " (not validated that epoch, or written by an older dptrain); give "
-                             "--threshold P"));
-  return t;
+  return t > 0 && t < 1 ? t : std::numeric_limits<double>::quiet_NaN();
 }
 
 }  // namespace
@@ -260,7 +255,15 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     po.conv_algo = parse_cpu_conv(o.cpu_conv);
     po.precision = parse_precision(o.precision);
     predictor = std::make_unique<Predictor>(o.checkpoint, po);
-    if (o.threshold_ods) threshold = recorded_ods_threshold(predictor->meta(), o.checkpoint);
+    if (o.threshold_ods) {
+      threshold = recorded_ods_threshold(predictor->meta());
+      if (std::isnan(threshold))
+        throw UsageError(str_cat("--threshold ods: checkpoint '", o.checkpoint,
+                                 "' records no validation ODS threshold for its epoch ",
+                                 predictor->meta().epoch,
+                                 " (not validated that epoch, or written by an older dptrain); "
+                                 "give --threshold P"));
+    }
     if (o.from_dataset()) {
       dataset = std::make_unique<data::Dataset>(o.dataset, o.split);
       for (int64_t i = 0; i < dataset->size(); ++i)
@@ -284,6 +287,12 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
            ", ", o.batch_size, " per batch; ", inputs.size(), " image(s) on ", world,
            " rank(s); rank 0 on ", device, o.precision == "bf16" ? ", bf16 activations" : "",
            o.threshold_ods ? str_cat("; threshold ", threshold, " (validation ODS)") : "");
+  // Class-balanced training puts the best threshold well above 0.5: say where it is.
+  if (const double ods = recorded_ods_threshold(meta); !o.threshold_ods && !std::isnan(ods))
+    log.info("dppredict: threshold ", threshold,
+             "; the checkpoint's validation had its best "
+             "F-measure at ",
+             ods, " (--threshold ods uses it)");
 
   std::vector<size_t> mine;
   for (size_t i = size_t(rank); i < inputs.size(); i += size_t(world)) mine.push_back(i);

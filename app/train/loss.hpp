@@ -29,6 +29,8 @@ class Loss {
   // those.
   static float crack_weight(const std::string& spec, float dataset_ratio);
 
+  bool has_bce() const { return kind_ == Kind::kBce || kind_ == Kind::kBceDice; }
+
   // "BCE per pixel", "soft Dice per image", ... (chart titles).
   static std::string describe(const TrainOptions& options);
 

@@ -187,10 +187,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "stop (exit 3); 0: stop at the first")(
       "lr-step", po::value(&o.lr_step)->default_value(o.lr_step), "epochs between LR decays")(
       "lr-gamma", po::value(&o.lr_gamma)->default_value(o.lr_gamma), "LR decay factor")(
-      "pos-weight",
-      po::value(&o.pos_weight)->default_value(o.pos_weight)->implicit_value("dataset"),
-      "weight of crack pixels in BCE: none, dataset (the file's pos_weight, background/crack "
-      "pixels; also --pos-weight alone), sqrt (its square root) or a number")(
+      "pos-weight", po::value(&o.pos_weight)->implicit_value("dataset"),
+      "weight of crack pixels in BCE: dataset (the default with bce and bce+dice: the file's "
+      "pos_weight, background per crack pixel; class-balanced, docs/real-data.md), sqrt (its "
+      "square root), a number, or none (1)")(
       "loss", po::value(&o.loss)->default_value(o.loss),
       "bce (per pixel), dice (soft Dice per image), bce+dice (their sum; the default since "
       "CrackForest, docs/real-data.md) or focal (per pixel); each the mean over the global batch")(
@@ -312,6 +312,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   // AdamW at SGD's rate diverges: without --lr, each optimiser gets its own default.
   if (vm.count("lr") == 0)
     o.lr = o.optimizer == "adamw" ? TrainOptions::kAdamWLr : TrainOptions::kSgdLr;
+  // BCE is class-balanced unless told otherwise; the other losses have no BCE term to weight.
+  if (vm.count("pos-weight") == 0)
+    o.pos_weight = o.loss == "bce" || o.loss == "bce+dice" ? "dataset" : "none";
   o.overlap = !vm["no-overlap"].as<bool>();
   o.tf32 = !vm["no-tf32"].as<bool>();
   if (o.resume == "none") o.resume = "never";  // the older spelling

@@ -60,9 +60,9 @@ struct TrainOptions {
   int tolerance = 0;  // pixels: ODS/OIS/AP count a crack pixel this close to a true one as right
   int val_every = 1;  // epochs between validations (and the last epoch)
   std::string best_metric = "valid_loss";  // valid_loss | iou | dice: chooses model_best.h5
-  std::string pos_weight = "none";  // none | dataset | sqrt | a number > 0 (BCE crack pixels)
-  std::string loss = "bce+dice";    // bce | dice | bce+dice | focal (docs/real-data.md)
-  double focal_alpha = 0.25;        // weight of crack pixels in the focal loss (< 0: none)
+  std::string pos_weight = "dataset";  // dataset | sqrt | a number > 0 | none (BCE crack pixels)
+  std::string loss = "bce+dice";       // bce | dice | bce+dice | focal (docs/real-data.md)
+  double focal_alpha = 0.25;           // weight of crack pixels in the focal loss (< 0: none)
   double focal_gamma = 2.0;
   uint64_t seed = 42;
   int64_t max_steps = -1;  // stop each epoch after this many steps (tests, smoke runs)

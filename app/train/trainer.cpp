@@ -426,7 +426,7 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     pos_weight_ = Loss::crack_weight(opt_.pos_weight, train_loader_->pos_weight());
     loss_ = std::make_unique<Loss>(opt_, pos_weight_);
     log_.info("loss: ", Loss::describe(opt_),
-              opt_.pos_weight == "none"
+              opt_.pos_weight == "none" || !loss_->has_bce()
                   ? std::string()
                   : str_cat("; crack pixels weigh ", pos_weight_, " in BCE (--pos-weight ",
                             opt_.pos_weight, "; the training split has ",

@@ -105,7 +105,7 @@ check 'test "$status" = 1 && test "$(grep -c "dptrain: error:" "$tmp/oom.log")" 
     "$tmp/oom.log" && ! test -e "$tmp/oom/model_best.h5"' \
   "a GPU too small on one rank: one error line from that rank, exit status 1, no hang"
 
-run "$dptrain" --device cuda --precision bf16 --loss bce --model-dir "$tmp/bf16" --epochs 1 "${common[@]}" \
+run "$dptrain" --device cuda --precision bf16 --loss bce --pos-weight none --model-dir "$tmp/bf16" --epochs 1 "${common[@]}" \
   >"$tmp/bf16.log" 2>&1 || { tail -n 30 "$tmp/bf16.log"; exit 1; }
 grep -E "^epoch" "$tmp/bf16.log"
 check 'grep -q "^epoch 1/1 .*train_loss 0\.[0-9]" "$tmp/bf16.log"' "--precision bf16 trains an epoch (BCE below 1)"

@@ -212,7 +212,7 @@ TEST_F(Cli, TrainsCheckpointsResumesAndFinishes) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(r.output,
                   "was trained with another loss (loss bce+dice -> bce, pos_weight "
-                  "none -> sqrt); training continues with this run's"),
+                  "dataset -> sqrt); training continues with this run's"),
             1)
       << r.output;
 

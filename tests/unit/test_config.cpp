@@ -74,7 +74,12 @@ TEST(Config, LossChoices) {
 }
 
 TEST(Config, PosWeightTakesARuleOrANumber) {
-  EXPECT_EQ(parse({})->pos_weight, "none");
+  // Class-balanced BCE by default (docs/real-data.md); nothing to weight in dice or focal.
+  EXPECT_EQ(parse({})->pos_weight, "dataset");
+  EXPECT_EQ(parse({"--loss", "bce"})->pos_weight, "dataset");
+  EXPECT_EQ(parse({"--loss", "dice"})->pos_weight, "none");
+  EXPECT_EQ(parse({"--loss", "focal"})->pos_weight, "none");
+  EXPECT_EQ(parse({"--pos-weight", "none"})->pos_weight, "none");
   EXPECT_EQ(parse({"--pos-weight"})->pos_weight, "dataset");  // the switch it used to be
   EXPECT_EQ(parse({"--pos-weight=sqrt"})->pos_weight, "sqrt");
   EXPECT_EQ(parse({"--pos-weight", "sqrt"})->pos_weight, "sqrt");

@@ -431,13 +431,21 @@ TEST_F(Predict, ThresholdOdsIsTheOneTheValidationRecorded) {
   auto r = test::run_command(dppredict(2, "--dataset " + data_ + " -q --threshold ods"));
   ASSERT_EQ(r.status, 0) << r.output;
   std::smatch used, swept;
-  ASSERT_TRUE(std::regex_search(r.output, used,
-                                std::regex("; threshold ([0-9.]+) \\(validation ODS\\)")))
+  ASSERT_TRUE(
+      std::regex_search(r.output, used, std::regex("; threshold ([0-9.]+) \\(validation ODS\\)")))
       << r.output;
   EXPECT_NEAR(std::stod(used[1]), recorded, 1e-6) << r.output;
   ASSERT_TRUE(std::regex_search(r.output, swept, std::regex("ods [0-9.]+ \\(t ([0-9.]+)\\)")))
       << r.output;
   EXPECT_NEAR(std::stod(swept[1]), recorded, 0.006) << r.output;
+  // With another threshold, the recorded one is named (once, by rank 0).
+  r = test::run_command(dppredict(2, "--dataset " + data_ + " -q --threshold 0.5"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output,
+                  "dppredict: threshold 0.5; the checkpoint's validation had its best "
+                  "F-measure at "),
+            1)
+      << r.output;
 
   // A checkpoint without the record (an older dptrain's): one usage-error line.
   const std::string old = dir_->file("old.h5");
