@@ -290,9 +290,8 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   // Class-balanced training puts the best threshold well above 0.5: say where it is.
   if (const double ods = recorded_ods_threshold(meta); !o.threshold_ods && !std::isnan(ods))
     log.info("dppredict: threshold ", threshold,
-             "; the checkpoint's validation had its best "
-             "F-measure at ",
-             ods, " (--threshold ods uses it)");
+             "; the checkpoint's validation had its best F-measure at ", ods,
+             " (--threshold ods uses it)");
 
   std::vector<size_t> mine;
   for (size_t i = size_t(rank); i < inputs.size(); i += size_t(world)) mine.push_back(i);

@@ -371,6 +371,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(Loss::crack_weight(o.pos_weight, 1.0f) > 0,
           "--pos-weight must be none, dataset, sqrt or a positive number, got '", o.pos_weight,
           "'");
+  // A weight of 1 is "none" (so the 0/1 that older checkpoints recorded stays unambiguous).
+  if (Loss::crack_weight(o.pos_weight, 2.0f) == 1.0f) o.pos_weight = "none";
   require(o.pos_weight == "none" || o.loss == "bce" || o.loss == "bce+dice",
           "--pos-weight weights BCE: use it with --loss bce or bce+dice (focal has --focal-alpha)");
   require(o.max_steps == -1 || o.max_steps >= 1, "--max-steps must be -1 or positive, got ",

@@ -80,6 +80,7 @@ TEST(Config, PosWeightTakesARuleOrANumber) {
   EXPECT_EQ(parse({"--loss", "dice"})->pos_weight, "none");
   EXPECT_EQ(parse({"--loss", "focal"})->pos_weight, "none");
   EXPECT_EQ(parse({"--pos-weight", "none"})->pos_weight, "none");
+  EXPECT_EQ(parse({"--pos-weight", "1.0"})->pos_weight, "none");
   EXPECT_EQ(parse({"--pos-weight"})->pos_weight, "dataset");  // the switch it used to be
   EXPECT_EQ(parse({"--pos-weight=sqrt"})->pos_weight, "sqrt");
   EXPECT_EQ(parse({"--pos-weight", "sqrt"})->pos_weight, "sqrt");
