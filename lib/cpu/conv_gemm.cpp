@@ -197,30 +197,42 @@ void GemmConv::backward_data(const float* dy, const float* w_oihw, float* dx, vo
 void GemmConv::winograd_filters(const float* w_oihw, bool rotated, float* u) const {
   const int64_t k_in = rotated ? cout : cin, k_out = rotated ? cin : cout;
 #pragma omp parallel for schedule(static)
-  for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock)
-    for (int64_t c = 0; c < cin; ++c)
-      for (int64_t o = o0; o < std::min<int64_t>(o0 + kChannelBlock, cout); ++o) {
-        const float* f = w_oihw + (o * cin + c) * kTaps;
-        float g[3][3];
-        for (int i = 0; i < 3; ++i)
-          for (int j = 0; j < 3; ++j) g[i][j] = rotated ? f[(2 - i) * 3 + (2 - j)] : f[i * 3 + j];
-        // t = G g (4x3), then G g G^T (4x4); G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1].
-        float t[4][3], v[4][4];
+  for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock) {
+    const int64_t lanes = std::min<int64_t>(kChannelBlock, cout - o0);
+    for (int64_t c = 0; c < cin; ++c) {
+      // The 3x3 filters of up to 16 output channels, tap-major, so that the transform below is
+      // fixed-length loops over the channels the compiler vectorises (scalar, it was 4.5% of a
+      // 2-thread full-width AVX2 step in perf, now 3.6%); rotated: the taps reversed (180 deg).
+      float g[kTaps][kChannelBlock] = {};
+      for (int64_t l = 0; l < lanes; ++l) {
+        const float* f = w_oihw + ((o0 + l) * cin + c) * kTaps;
+        for (int k = 0; k < kTaps; ++k) g[k][l] = f[rotated ? kTaps - 1 - k : k];
+      }
+      // t = G g (4x3), then G g G^T (4x4); G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1].
+      float v[kWinoPoints][kChannelBlock];
+      for (int64_t l = 0; l < kChannelBlock; ++l) {
+        float t[4][3];
         for (int j = 0; j < 3; ++j) {
-          t[0][j] = g[0][j];
-          t[1][j] = 0.5f * (g[0][j] + g[1][j] + g[2][j]);
-          t[2][j] = 0.5f * (g[0][j] - g[1][j] + g[2][j]);
-          t[3][j] = g[2][j];
+          const float g0 = g[j][l], g1 = g[3 + j][l], g2 = g[6 + j][l];
+          t[0][j] = g0;
+          t[1][j] = 0.5f * (g0 + g1 + g2);
+          t[2][j] = 0.5f * (g0 - g1 + g2);
+          t[3][j] = g2;
         }
         for (int i = 0; i < 4; ++i) {
-          v[i][0] = t[i][0];
-          v[i][1] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
-          v[i][2] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
-          v[i][3] = t[i][2];
+          v[i * 4][l] = t[i][0];
+          v[i * 4 + 1][l] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+          v[i * 4 + 2][l] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+          v[i * 4 + 3][l] = t[i][2];
         }
-        const int64_t row = rotated ? o : c, col = rotated ? c : o;
-        for (int p = 0; p < kWinoPoints; ++p) u[(p * k_in + row) * k_out + col] = v[p / 4][p % 4];
       }
+      for (int p = 0; p < kWinoPoints; ++p)
+        for (int64_t l = 0; l < lanes; ++l) {
+          const int64_t o = o0 + l, row = rotated ? o : c, col = rotated ? c : o;
+          u[(p * k_in + row) * k_out + col] = v[p][l];
+        }
+    }
+  }
 }
 
 void GemmConv::winograd(const float* in, int k_in, int k_out, const float* u, const float* b,
