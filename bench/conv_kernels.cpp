@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cpu/onednn.hpp"
+#include "dp/buffer.hpp"
 
 namespace {
 
@@ -73,7 +74,7 @@ int main(int argc, char** argv) {
       copies_bytes = std::max(copies_bytes, p->copies_bytes());
       weight_bytes = std::max(weight_bytes, p->weight_scratch_bytes());
     }
-    std::vector<float> copies(copies_bytes / 4 + 16), weights(weight_bytes / 4 + 16);
+    const dp::Buffer copies(copies_bytes), weights(weight_bytes);  // 64-byte aligned
     const dp::cpu::Scratch scratch{weights.data(), copies.data()};
     // Rounds alternate the kernels, so that a slow phase of a shared machine hits them all.
     double ms[kKernels]

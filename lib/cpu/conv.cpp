@@ -277,6 +277,10 @@ size_t ConvPrims::weight_scratch_bytes() const {
 }
 
 void ConvPrims::bind_blocked_copies(const Scratch& scratch) {
+  // oneDNN's Winograd kernels write their scratchpad and copies with aligned (streaming) stores.
+  DP_CHECK(reinterpret_cast<uintptr_t>(scratch.copies) % 64 == 0 &&
+               reinterpret_cast<uintptr_t>(scratch.weights) % 64 == 0,
+           "conv: the scratch buffers must be 64-byte aligned (dp::Buffer is)");
   char* base = static_cast<char*>(scratch.copies);
   blocked->src.at(base);
   blocked->diff_src.at(base);  // written by backward-data, after backward-weights read src

@@ -15,6 +15,7 @@
 
 #include "cpu/onednn.hpp"  // lib/: ConvPrims, to force each pass's kernel
 #include "dp/backend.hpp"
+#include "dp/buffer.hpp"
 #include "fit_util.hpp"
 #include "tensor_util.hpp"
 
@@ -180,7 +181,9 @@ TEST(ConvKernels, EveryMixOverThePassesMatchesDirect) {
   const ConvDesc d = conv(2, 30, 34, 64, 112, true, true);  // 0.26 GFLOP: kAuto times it
   auto p = cpu::make_conv(eng, d, false, CpuConvAlgo::kAuto);
   ASSERT_TRUE(p->blocked && p->gemm);
-  Vec copies(p->copies_bytes() / sizeof(float) + 16), weights(p->weight_scratch_bytes() / 4 + 16);
+  // 64-byte aligned, as the backend's: oneDNN's Winograd writes its scratchpad with aligned
+  // stores (a std::vector's 16-byte alignment crashed it).
+  const Buffer copies(p->copies_bytes()), weights(p->weight_scratch_bytes());
   const cpu::Scratch scratch{weights.data(), copies.data()};
   auto direct = backend(CpuConvAlgo::kDirect);
   const ConvResult a = run_conv(*direct, d);
@@ -193,7 +196,7 @@ TEST(ConvKernels, EveryMixOverThePassesMatchesDirect) {
     SCOPED_TRACE("forward " + std::to_string(int(p->algo[0])) + ", backward data " +
                  std::to_string(int(p->algo[1])) + ", backward weights " +
                  std::to_string(int(p->algo[2])));
-    const auto poison = [&] { std::fill(copies.begin(), copies.end(), NAN); };
+    const auto poison = [&] { std::fill_n(copies.f32(), copies.bytes() / sizeof(float), NAN); };
     const ConvResult b = run_passes(
         d, 1, &a.y,
         [&](const float* x, const float* w, const float* bias, float* y) {
