@@ -248,7 +248,7 @@ std::vector<PassAlgo> ConvPrims::candidates(int pass) const {
   if (blocked && blocked->pad_bytes[pass] <= kWinogradMaxScratchpad)
     c.push_back(PassAlgo::kBlocked);
   if (gemm) c.push_back(PassAlgo::kGemm);
-  if (gemm && pass != BlockedPrims::kBwdWeights) c.push_back(PassAlgo::kGemmWinograd);
+  if (gemm) c.push_back(PassAlgo::kGemmWinograd);
   return c;
 }
 
@@ -324,9 +324,11 @@ void ConvPrims::forward(dnnl::stream& s, const void* x, const float* w, const fl
 // made by backward().
 void ConvPrims::weights_pass(dnnl::stream& s, const void* x, const void* dy, float* dw, float* db,
                              const Scratch& scratch, PassAlgo a) {
-  if (a == PassAlgo::kGemm) {
-    gemm->backward_weights(static_cast<const float*>(x), static_cast<const float*>(dy), dw, db,
-                           scratch.weights, gemm_copies(scratch));
+  if (a == PassAlgo::kGemm || a == PassAlgo::kGemmWinograd) {
+    std::invoke(
+        a == PassAlgo::kGemm ? &GemmConv::backward_weights : &GemmConv::backward_weights_winograd,
+        *gemm, static_cast<const float*>(x), static_cast<const float*>(dy), dw, db, scratch.weights,
+        gemm_copies(scratch));
     return;
   }
   if (a == PassAlgo::kBlocked) {
@@ -422,7 +424,6 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
     p->gemm = std::make_unique<GemmConv>(d);
     for (PassAlgo& a : p->algo)
       a = algo == CpuConvAlgo::kGemm ? PassAlgo::kGemm : PassAlgo::kGemmWinograd;
-    p->algo[BlockedPrims::kBwdWeights] = PassAlgo::kGemm;
     return p;
   }
   // `auto` tries Winograd, and where oneDNN has none for this shape or CPU (on AVX2 it has none

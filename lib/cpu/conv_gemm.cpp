@@ -92,6 +92,114 @@ void GemmConv::taps_to_weights(const float* taps, float* w_oihw) const {
   for_each_weight_blocked(cin, cout, [&](int64_t i, int64_t j) { w_oihw[j] = taps[i]; });
 }
 
+// The Winograd tile transforms, on kLanes channels at a time (a lane at a time for the rest),
+// compiled for AVX2 + FMA as well as for the baseline and picked at load time (the library is
+// built for any x86-64; these loops are a tenth of a step, and vectorise 8 floats wide on AVX2
+// against 4 without it). They only add, subtract and halve, as oneDNN's Winograd does.
+#define DP_AVX2_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+
+namespace {
+
+// B^T d B (B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]) of L channels from d[r][c] + k0 into
+// v[p * stride + k0 + j] for the 16 points p = 4 r + c.
+template <int64_t L>
+[[gnu::always_inline]] inline void input_lanes(const float* const (&d)[4][4], int64_t k0, float* v,
+                                               int64_t stride) {
+  float q[4][4][L];
+  for (int c = 0; c < 4; ++c)
+    for (int64_t j = 0; j < L; ++j) {
+      const float e0 = d[0][c][k0 + j], e1 = d[1][c][k0 + j], e2 = d[2][c][k0 + j],
+                  e3 = d[3][c][k0 + j];
+      q[0][c][j] = e0 - e2;
+      q[1][c][j] = e1 + e2;
+      q[2][c][j] = e2 - e1;
+      q[3][c][j] = e1 - e3;
+    }
+  for (int r = 0; r < 4; ++r)
+    for (int64_t j = 0; j < L; ++j) {
+      float* out = v + int64_t(4 * r) * stride + k0 + j;
+      out[0] = q[r][0][j] - q[r][2][j];
+      out[stride] = q[r][1][j] + q[r][2][j];
+      out[2 * stride] = q[r][2][j] - q[r][1][j];
+      out[3 * stride] = q[r][1][j] - q[r][3][j];
+    }
+}
+
+DP_AVX2_CLONES void input_transform(const float* const (&d)[4][4], int64_t k, float* v,
+                                    int64_t stride) {
+  int64_t k0 = 0;
+  for (; k0 + kLanes <= k; k0 += kLanes) input_lanes<kLanes>(d, k0, v, stride);
+  for (; k0 < k; ++k0) input_lanes<1>(d, k0, v, stride);
+}
+
+// A dY A^T (A = [1 0; 1 1; 1 -1; 0 -1]) of the 2x2 gradient pixels g[r][c] + k0 into
+// z[p * stride + k0 + j].
+template <int64_t L>
+[[gnu::always_inline]] inline void gradient_lanes(const float* const (&g)[2][2], int64_t k0,
+                                                  float* z, int64_t stride) {
+  float q[4][2][L];
+  for (int c = 0; c < 2; ++c)
+    for (int64_t j = 0; j < L; ++j) {
+      const float e0 = g[0][c][k0 + j], e1 = g[1][c][k0 + j];
+      q[0][c][j] = e0;
+      q[1][c][j] = e0 + e1;
+      q[2][c][j] = e0 - e1;
+      q[3][c][j] = -e1;
+    }
+  for (int r = 0; r < 4; ++r)
+    for (int64_t j = 0; j < L; ++j) {
+      float* out = z + int64_t(4 * r) * stride + k0 + j;
+      out[0] = q[r][0][j];
+      out[stride] = q[r][0][j] + q[r][1][j];
+      out[2 * stride] = q[r][0][j] - q[r][1][j];
+      out[3 * stride] = -q[r][1][j];
+    }
+}
+
+DP_AVX2_CLONES void gradient_transform(const float* const (&g)[2][2], int64_t k, float* z,
+                                       int64_t stride) {
+  int64_t k0 = 0;
+  for (; k0 + kLanes <= k; k0 += kLanes) gradient_lanes<kLanes>(g, k0, z, stride);
+  for (; k0 < k; ++k0) gradient_lanes<1>(g, k0, z, stride);
+}
+
+// A^T m A (A^T = [1 1 1 0; 0 1 -1 -1]) of the 16 points m[p * stride + k0 + j], plus the bias
+// (optional), then ReLU (optional), into the 2x2 output pixels o[r][c] + k0 (null: outside the
+// image).
+template <int64_t L>
+[[gnu::always_inline]] inline void output_lanes(const float* m, int64_t stride, int64_t k0,
+                                                const float* bias, bool relu,
+                                                float* const (&o)[2][2]) {
+  float q[2][4][L], res[2][2][L];
+  for (int c = 0; c < 4; ++c)
+    for (int64_t j = 0; j < L; ++j) {
+      const float m0 = m[c * stride + k0 + j], m1 = m[(4 + c) * stride + k0 + j],
+                  m2 = m[(8 + c) * stride + k0 + j], m3 = m[(12 + c) * stride + k0 + j];
+      q[0][c][j] = m0 + m1 + m2;
+      q[1][c][j] = m1 - m2 - m3;
+    }
+  for (int r = 0; r < 2; ++r)
+    for (int64_t j = 0; j < L; ++j) {
+      const float b = bias != nullptr ? bias[k0 + j] : 0.0f;
+      const float r0 = q[r][0][j] + q[r][1][j] + q[r][2][j] + b;
+      const float r1 = q[r][1][j] - q[r][2][j] - q[r][3][j] + b;
+      res[r][0][j] = relu ? std::max(r0, 0.0f) : r0;
+      res[r][1][j] = relu ? std::max(r1, 0.0f) : r1;
+    }
+  for (int r = 0; r < 2; ++r)
+    for (int c = 0; c < 2; ++c)
+      if (o[r][c] != nullptr) std::copy_n(res[r][c], L, o[r][c] + k0);
+}
+
+DP_AVX2_CLONES void output_transform(const float* m, int64_t stride, int64_t k, const float* bias,
+                                     bool relu, float* const (&o)[2][2]) {
+  int64_t k0 = 0;
+  for (; k0 + kLanes <= k; k0 += kLanes) output_lanes<kLanes>(m, stride, k0, bias, relu, o);
+  for (; k0 < k; ++k0) output_lanes<1>(m, stride, k0, bias, relu, o);
+}
+
+}  // namespace
+
 // One NHWC image into the zero-bordered buffer.
 void GemmConv::border_image(const float* x, float* xp) const {
   const int64_t wp = w + 2, row_bytes = int64_t(w) * cin * int64_t(sizeof(float));
@@ -155,9 +263,13 @@ void GemmConv::backward_weights(const float* x, const float* dy, float* dw_oihw,
             i == 0 ? 0.0f : 1.0f, dtaps + int64_t(t) * cin * cout, cout);
   }
   taps_to_weights(dtaps, dw_oihw);
+  bias_gradient(dy, db);
+}
+
+// Each thread sums its own channels over every pixel, in pixel order (any thread count gives the
+// same bits).
+void GemmConv::bias_gradient(const float* dy, float* db) const {
   if (!has_bias) return;
-  // Each thread sums its own channels over every pixel, in pixel order (any thread count gives
-  // the same bits).
   const int64_t pixels = int64_t(n) * h * w;
 #pragma omp parallel for schedule(static)
   for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock) {
@@ -235,6 +347,29 @@ void GemmConv::winograd_filters(const float* w_oihw, bool rotated, float* u) con
   }
 }
 
+// The tile's pixels (a zero row for those outside the image) through the free transforms.
+void GemmConv::input_tile(const float* image, int64_t k, int64_t ty, int64_t tx, const float* zeros,
+                          float* v, int64_t stride) const {
+  const float* d[4][4];
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c) {
+      const int64_t y = 2 * ty - 1 + r, x = 2 * tx - 1 + c;
+      d[r][c] = y >= 0 && y < h && x >= 0 && x < w ? image + (y * w + x) * k : zeros;
+    }
+  input_transform(d, k, v, stride);
+}
+
+void GemmConv::gradient_tile(const float* grad, int64_t k, int64_t ty, int64_t tx,
+                             const float* zeros, float* z, int64_t stride) const {
+  const float* g[2][2];
+  for (int r = 0; r < 2; ++r)
+    for (int c = 0; c < 2; ++c) {
+      const int64_t y = 2 * ty + r, x = 2 * tx + c;
+      g[r][c] = y < h && x < w ? grad + (y * w + x) * k : zeros;
+    }
+  gradient_transform(g, k, z, stride);
+}
+
 void GemmConv::winograd(const float* in, int k_in, int k_out, const float* u, const float* b,
                         bool relu_out, float* out, void* copies) const {
   const int64_t tiles_h = (h + 1) / 2, tiles_w = (w + 1) / 2, tiles = tiles_h * tiles_w;
@@ -247,71 +382,23 @@ void GemmConv::winograd(const float* in, int k_in, int k_out, const float* u, co
     float* result = out + i * int64_t(h) * w * k_out;
     for (int64_t t0 = 0; t0 < tiles; t0 += kTileChunk) {
       const int64_t count = std::min(kTileChunk, tiles - t0);
-      // B^T d B per tile, channels innermost in vectors of kLanes (out-of-image pixels read a
-      // zero row); B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1].
 #pragma omp parallel for schedule(static)
-      for (int64_t t = 0; t < count; ++t) {
-        const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
-        const float* d[4][4];
-        for (int r = 0; r < 4; ++r)
-          for (int c = 0; c < 4; ++c) {
-            const int64_t y = 2 * ty - 1 + r, x = 2 * tx - 1 + c;
-            d[r][c] = y >= 0 && y < h && x >= 0 && x < w ? image + (y * w + x) * k_in : zeros;
-          }
-        for (int64_t k0 = 0; k0 < k_in; k0 += kLanes) {
-          const int64_t lanes = std::min<int64_t>(kLanes, k_in - k0);
-          float e[4][4][kLanes] = {}, q[4][4][kLanes], v[4][4][kLanes];
-          for (int r = 0; r < 4; ++r)
-            for (int c = 0; c < 4; ++c) std::copy_n(d[r][c] + k0, lanes, e[r][c]);
-          for (int c = 0; c < 4; ++c)
-            for (int j = 0; j < kLanes; ++j) {
-              q[0][c][j] = e[0][c][j] - e[2][c][j];
-              q[1][c][j] = e[1][c][j] + e[2][c][j];
-              q[2][c][j] = e[2][c][j] - e[1][c][j];
-              q[3][c][j] = e[1][c][j] - e[3][c][j];
-            }
-          for (int r = 0; r < 4; ++r)
-            for (int j = 0; j < kLanes; ++j) {
-              v[r][0][j] = q[r][0][j] - q[r][2][j];
-              v[r][1][j] = q[r][1][j] + q[r][2][j];
-              v[r][2][j] = q[r][2][j] - q[r][1][j];
-              v[r][3][j] = q[r][1][j] - q[r][3][j];
-            }
-          for (int p = 0; p < kWinoPoints; ++p)
-            std::copy_n(v[p / 4][p % 4], lanes, vt + (p * kTileChunk + t) * k_in + k0);
-        }
-      }
+      for (int64_t t = 0; t < count; ++t)
+        input_tile(image, k_in, (t0 + t) / tiles_w, (t0 + t) % tiles_w, zeros, vt + t * k_in,
+                   kTileChunk * k_in);
       for (int p = 0; p < kWinoPoints; ++p)
         sgemm('N', 'N', count, k_out, k_in, vt + p * kTileChunk * k_in, k_in,
               u + int64_t(p) * k_in * k_out, k_out, 0.0f, mt + p * kTileChunk * k_out, k_out);
-        // A^T m A per tile, in vectors of kLanes channels; A^T = [1 1 1 0; 0 1 -1 -1].
 #pragma omp parallel for schedule(static)
       for (int64_t t = 0; t < count; ++t) {
         const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
-        for (int64_t k0 = 0; k0 < k_out; k0 += kLanes) {
-          const int64_t lanes = std::min<int64_t>(kLanes, k_out - k0);
-          float m[kWinoPoints][kLanes] = {}, q[2][4][kLanes], o[2][2][kLanes], bias[kLanes] = {};
-          for (int p = 0; p < kWinoPoints; ++p)
-            std::copy_n(mt + (p * kTileChunk + t) * k_out + k0, lanes, m[p]);
-          if (b != nullptr) std::copy_n(b + k0, lanes, bias);
-          for (int c = 0; c < 4; ++c)
-            for (int j = 0; j < kLanes; ++j) {
-              q[0][c][j] = m[c][j] + m[4 + c][j] + m[8 + c][j];
-              q[1][c][j] = m[4 + c][j] - m[8 + c][j] - m[12 + c][j];
-            }
-          for (int r = 0; r < 2; ++r)
-            for (int j = 0; j < kLanes; ++j) {
-              const float r0 = q[r][0][j] + q[r][1][j] + q[r][2][j] + bias[j];
-              const float r1 = q[r][1][j] - q[r][2][j] - q[r][3][j] + bias[j];
-              o[r][0][j] = relu_out ? std::max(r0, 0.0f) : r0;
-              o[r][1][j] = relu_out ? std::max(r1, 0.0f) : r1;
-            }
-          for (int r = 0; r < 2; ++r)
-            for (int c = 0; c < 2; ++c) {
-              const int64_t y = 2 * ty + r, x = 2 * tx + c;
-              if (y < h && x < w) std::copy_n(o[r][c], lanes, result + (y * w + x) * k_out + k0);
-            }
-        }
+        float* o[2][2];
+        for (int r = 0; r < 2; ++r)
+          for (int c = 0; c < 2; ++c) {
+            const int64_t y = 2 * ty + r, x = 2 * tx + c;
+            o[r][c] = y < h && x < w ? result + (y * w + x) * k_out : nullptr;
+          }
+        output_transform(mt + t * k_out, kTileChunk * k_out, k_out, b, relu_out, o);
       }
     }
   }
@@ -329,6 +416,67 @@ void GemmConv::backward_data_winograd(const float* dy, const float* w_oihw, floa
   float* u = static_cast<float*>(weights);
   winograd_filters(w_oihw, true, u);
   winograd(dy, cout, cin, u, nullptr, false, dx, copies);
+}
+
+// dL/dU = V (.) (A dY A^T) per tile, so the weight gradient is G^T M G with M[p] = sum over tiles
+// of V[p]^T Z[p]: 16 GEMMs (cin x tiles times tiles x cout) accumulated over chunks of tiles taken
+// across the images, the points shared among the threads (each point's sum runs in chunk order:
+// the same bits on any thread count).
+void GemmConv::backward_weights_winograd(const float* x, const float* dy, float* dw_oihw, float* db,
+                                         void* weights, void* copies) const {
+  float* acc = static_cast<float*>(weights);        // M: [16][cin][cout]
+  float* vt = static_cast<float*>(copies);          // [16][chunk][cin]
+  float* zt = vt + kWinoPoints * kTileChunk * cin;  // [16][chunk][cout]
+  float* zeros = zt + kWinoPoints * kTileChunk * cout;
+  std::fill_n(zeros, std::max(cin, cout), 0.0f);
+  const int64_t tiles_w = (w + 1) / 2, image_tiles = (h + 1) / 2 * tiles_w;
+  const int64_t tiles = n * image_tiles, image_in = int64_t(h) * w * cin,
+                image_out = int64_t(h) * w * cout;
+#pragma omp parallel
+  for (int64_t t0 = 0; t0 < tiles; t0 += kTileChunk) {
+    const int64_t count = std::min(kTileChunk, tiles - t0);
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < count; ++t) {
+      const int64_t i = (t0 + t) / image_tiles, ty = (t0 + t) % image_tiles / tiles_w,
+                    tx = (t0 + t) % tiles_w;
+      input_tile(x + i * image_in, cin, ty, tx, zeros, vt + t * cin, kTileChunk * cin);
+      gradient_tile(dy + i * image_out, cout, ty, tx, zeros, zt + t * cout, kTileChunk * cout);
+    }
+    // Inside the parallel region each sgemm runs on its calling thread.
+#pragma omp for schedule(static)
+    for (int p = 0; p < kWinoPoints; ++p)
+      sgemm('T', 'N', cin, cout, count, vt + p * kTileChunk * cin, cin, zt + p * kTileChunk * cout,
+            cout, t0 == 0 ? 0.0f : 1.0f, acc + int64_t(p) * cin * cout, cout);
+  }
+  // G^T M G per (cin, cout) pair into OIHW, 16 output channels at a time;
+  // G^T = [1 .5 .5 0; 0 .5 -.5 0; 0 .5 .5 1].
+#pragma omp parallel for schedule(static)
+  for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock) {
+    const int64_t lanes = std::min<int64_t>(kChannelBlock, cout - o0);
+    for (int64_t c = 0; c < cin; ++c) {
+      float m[kWinoPoints][kChannelBlock] = {};
+      for (int p = 0; p < kWinoPoints; ++p)
+        std::copy_n(acc + (int64_t(p) * cin + c) * cout + o0, lanes, m[p]);
+      float r[kTaps][kChannelBlock];
+      for (int64_t l = 0; l < kChannelBlock; ++l) {
+        float t[3][4];
+        for (int j = 0; j < 4; ++j) {
+          const float m0 = m[j][l], m1 = m[4 + j][l], m2 = m[8 + j][l], m3 = m[12 + j][l];
+          t[0][j] = m0 + 0.5f * (m1 + m2);
+          t[1][j] = 0.5f * (m1 - m2);
+          t[2][j] = 0.5f * (m1 + m2) + m3;
+        }
+        for (int i = 0; i < 3; ++i) {
+          r[i * 3][l] = t[i][0] + 0.5f * (t[i][1] + t[i][2]);
+          r[i * 3 + 1][l] = 0.5f * (t[i][1] - t[i][2]);
+          r[i * 3 + 2][l] = 0.5f * (t[i][1] + t[i][2]) + t[i][3];
+        }
+      }
+      for (int64_t l = 0; l < lanes; ++l)
+        for (int k = 0; k < kTaps; ++k) dw_oihw[((o0 + l) * cin + c) * kTaps + k] = r[k][l];
+    }
+  }
+  bias_gradient(dy, db);
 }
 
 }  // namespace dp::cpu

@@ -46,6 +46,12 @@ struct GemmConv {
                         void* weights, void* copies) const;
   void backward_data_winograd(const float* dy, const float* w_oihw, float* dx, void* weights,
                               void* copies) const;
+  // Backward-weights by the same transforms: for each of the 16 points, the transformed input
+  // tiles (B^T d B) times the transformed output-gradient tiles (A dY A^T), summed over all
+  // tiles of the batch, then G^T M G back to the 3x3 taps. The sums over tiles run in the
+  // transformed domain (about 1e-6 relative from direct, as forward's).
+  void backward_weights_winograd(const float* x, const float* dy, float* dw_oihw, float* db,
+                                 void* weights, void* copies) const;
 
  private:
   int64_t padded_rows() const;  // (h+2)(w+2) + 2: the last tap's rows stay inside
@@ -56,6 +62,13 @@ struct GemmConv {
   void taps_to_weights(const float* taps, float* w_oihw) const;
   void border_image(const float* x, float* xp) const;
   void widen(const float* dy, float* dyw) const;
+  void bias_gradient(const float* dy, float* db) const;
+  // One tile's transforms into 16 rows (one per point) `stride` floats apart: B^T d B of the 4x4
+  // input tile at (ty, tx), A dY A^T of the 2x2 output-gradient tile there.
+  void input_tile(const float* image, int64_t k, int64_t ty, int64_t tx, const float* zeros,
+                  float* v, int64_t stride) const;
+  void gradient_tile(const float* grad, int64_t k, int64_t ty, int64_t tx, const float* zeros,
+                     float* z, int64_t stride) const;
   // Winograd on `in` (n images of h x w x k_in) with transformed filters `u` into `out` (k_out
   // channels); bias and ReLU optional.
   void winograd(const float* in, int k_in, int k_out, const float* u, const float* b, bool relu,

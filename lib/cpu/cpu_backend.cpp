@@ -763,7 +763,7 @@ std::string cpu_conv_kernels(CpuConvAlgo algo) {
     case CpuConvAlgo::kGemm:
       return "3x3: shifted GEMMs";
     case CpuConvAlgo::kGemmWinograd:
-      return "3x3: Winograd F(2x2, 3x3) on GEMMs, backward weights on shifted GEMMs";
+      return "3x3: Winograd F(2x2, 3x3) on GEMMs";
     case CpuConvAlgo::kDirect:
       break;
   }

@@ -134,7 +134,8 @@ TEST(BlockedConv, EachPassMatchesDirect) {
 
 // The shifted GEMMs and Winograd F(2x2, 3x3) on GEMMs sum in another order than oneDNN's kernels:
 // every pass within 2e-5 of direct NHWC's, on any CPU, for odd sizes (partial Winograd tiles),
-// 3 input channels and a single pixel too.
+// 3 input channels, a single pixel, and more tiles than one chunk holds (41x35, 2 images: 756
+// tiles, chunks that span both images, whose backward-weights sums accumulate over 3 chunks).
 void expect_gemm_passes_match_direct(CpuConvAlgo algo, const char* kind) {
   auto direct = backend(CpuConvAlgo::kDirect);
   auto gemm = backend(algo);
@@ -142,7 +143,7 @@ void expect_gemm_passes_match_direct(CpuConvAlgo algo, const char* kind) {
   for (const ConvDesc& d :
        {conv(2, 16, 16, 32, 48, true, true), conv(1, 12, 20, 16, 16, false, false),
         conv(2, 9, 11, 64, 32, true, true), conv(2, 16, 16, 3, 64, true, true),
-        conv(1, 1, 1, 8, 8, false, true)}) {
+        conv(1, 1, 1, 8, 8, false, true), conv(2, 41, 35, 16, 24, true, true)}) {
     SCOPED_TRACE(std::to_string(d.cin) + "->" + std::to_string(d.cout) + " " + std::to_string(d.h) +
                  "x" + std::to_string(d.w));
     const ConvResult a = run_conv(*direct, d), b = run_conv(*gemm, d, 2, &a.y);
@@ -157,10 +158,11 @@ void expect_gemm_passes_match_direct(CpuConvAlgo algo, const char* kind) {
     }
   }
   EXPECT_EQ(gemm->kernel_choices(), algo == CpuConvAlgo::kGemm
-                                        ? "forward: 5 GEMM; backward data: 5 GEMM; backward "
-                                          "weights: 5 GEMM"
-                                        : "forward: 5 Winograd on GEMMs; backward data: 5 "
-                                          "Winograd on GEMMs; backward weights: 5 GEMM");
+                                        ? "forward: 6 GEMM; backward data: 6 GEMM; backward "
+                                          "weights: 6 GEMM"
+                                        : "forward: 6 Winograd on GEMMs; backward data: 6 "
+                                          "Winograd on GEMMs; backward weights: 6 Winograd on "
+                                          "GEMMs");
 }
 
 TEST(GemmConv, EachPassMatchesDirect) {
@@ -171,8 +173,8 @@ TEST(GemmWinograd, EachPassMatchesDirect) {
   expect_gemm_passes_match_direct(CpuConvAlgo::kGemmWinograd, "gemm-winograd");
 }
 
-// All 48 ways to run the three passes on direct NHWC, blocked (or oneDNN's Winograd), shifted GEMM
-// and (forward, backward-data) Winograd-on-GEMM kernels, as timing may leave them: the blocked and
+// All 64 ways to run the three passes on direct NHWC, blocked (or oneDNN's Winograd), shifted GEMM
+// and Winograd-on-GEMM kernels, as timing may leave them: the blocked and
 // GEMM passes share the copies scratch, and none may clobber what another still reads (the scratch
 // is poisoned before each call).
 TEST(ConvKernels, EveryMixOverThePassesMatchesDirect) {
@@ -189,7 +191,7 @@ TEST(ConvKernels, EveryMixOverThePassesMatchesDirect) {
   const ConvResult a = run_conv(*direct, d);
   const cpu::PassAlgo kinds[4] = {cpu::PassAlgo::kDirect, cpu::PassAlgo::kBlocked,
                                   cpu::PassAlgo::kGemm, cpu::PassAlgo::kGemmWinograd};
-  for (int mix = 0; mix < 48; ++mix) {  // forward, backward data: 4 kinds; backward weights: 3
+  for (int mix = 0; mix < 64; ++mix) {  // 4 kinds for each pass
     p->algo[0] = kinds[mix % 4];
     p->algo[1] = kinds[mix / 4 % 4];
     p->algo[2] = kinds[mix / 16];

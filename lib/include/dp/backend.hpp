@@ -228,10 +228,9 @@ enum class Precision { kFloat32, kBFloat16 };
 // between runs and ranks; results differ in the last bits). The backend's own kernels on oneDNN's
 // sgemm are timed with them (lib/cpu/conv_gemm.hpp): nine GEMMs per pass, one per kernel tap, on
 // zero-bordered copies of each image (up to 2x faster than oneDNN 2.6's backward-weights kernels
-// on AVX2), and for forward and backward-data Winograd F(2x2, 3x3) on 16 GEMMs. kWinograd:
-// oneDNN's Winograd wherever it has it, whatever its memory; kBlocked: the direct kernels on
-// blocked copies; kGemm: the shifted GEMMs; kGemmWinograd: Winograd on GEMMs (backward-weights
-// on the shifted GEMMs); each for every 3x3 stride-1 pass (tests, benchmarks).
+// on AVX2), and Winograd F(2x2, 3x3) on 16 GEMMs. kWinograd: oneDNN's Winograd wherever it has
+// it, whatever its memory; kBlocked: the direct kernels on blocked copies; kGemm: the shifted
+// GEMMs; kGemmWinograd: Winograd on GEMMs; each for every 3x3 stride-1 pass (tests, benchmarks).
 enum class CpuConvAlgo { kDirect, kAuto, kWinograd, kBlocked, kGemm, kGemmWinograd };
 
 struct CpuOptions {
