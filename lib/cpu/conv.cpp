@@ -247,8 +247,7 @@ std::vector<PassAlgo> ConvPrims::candidates(int pass) const {
   std::vector<PassAlgo> c{PassAlgo::kDirect};
   if (blocked && blocked->pad_bytes[pass] <= kWinogradMaxScratchpad)
     c.push_back(PassAlgo::kBlocked);
-  if (gemm) c.push_back(PassAlgo::kGemm);
-  if (gemm) c.push_back(PassAlgo::kGemmWinograd);
+  if (gemm) c.insert(c.end(), {PassAlgo::kGemm, PassAlgo::kGemmWinograd});
   return c;
 }
 

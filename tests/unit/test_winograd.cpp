@@ -174,9 +174,9 @@ TEST(GemmWinograd, EachPassMatchesDirect) {
 }
 
 // All 64 ways to run the three passes on direct NHWC, blocked (or oneDNN's Winograd), shifted GEMM
-// and Winograd-on-GEMM kernels, as timing may leave them: the blocked and
-// GEMM passes share the copies scratch, and none may clobber what another still reads (the scratch
-// is poisoned before each call).
+// and Winograd-on-GEMM kernels, as timing may leave them: the blocked and GEMM passes share the
+// copies scratch, and none may clobber what another still reads (the scratch is poisoned before
+// each call).
 TEST(ConvKernels, EveryMixOverThePassesMatchesDirect) {
   const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream stream(eng);
