@@ -676,6 +676,17 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < count; ++i) dst[i] *= alpha;
   }
 
+  void ema_update(int64_t count, const float* src, float decay, float* avg) override {
+    const float keep = decay, take = 1.0f - decay;
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < count; ++i) avg[i] = keep * avg[i] + take * src[i];
+  }
+
+  void swap(int64_t count, float* a, float* b) override {
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < count; ++i) std::swap(a[i], b[i]);
+  }
+
  private:
   // Calls f(T{}) with T the activation storage type.
   template <typename F>

@@ -461,6 +461,12 @@ class CudaBackendImpl final : public CudaBackend {
     kernels::scale(s(), count, alpha, dst);
   }
 
+  void ema_update(int64_t count, const float* src, float decay, float* avg) override {
+    kernels::ema_update(s(), count, src, decay, avg);
+  }
+
+  void swap(int64_t count, float* a, float* b) override { kernels::swap(s(), count, a, b); }
+
  private:
   cudaStream_t s() const { return stream_.get(); }
   // Calls f(S{}) with S the activations' storage type (float or __nv_bfloat16).

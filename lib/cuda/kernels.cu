@@ -254,6 +254,19 @@ __global__ void scale_kernel(int64_t n, float alpha, float* dst) {
   DP_GRID_STRIDE(i, n) dst[i] *= alpha;
 }
 
+__global__ void ema_update_kernel(int64_t n, const float* src, float decay, float* avg) {
+  const float keep = decay, take = 1.0f - decay;
+  DP_GRID_STRIDE(i, n) avg[i] = __fadd_rn(__fmul_rn(keep, avg[i]), __fmul_rn(take, src[i]));
+}
+
+__global__ void swap_kernel(int64_t n, float* a, float* b) {
+  DP_GRID_STRIDE(i, n) {
+    const float t = a[i];
+    a[i] = b[i];
+    b[i] = t;
+  }
+}
+
 __global__ void sum_squares_kernel(int64_t n, const float* src, double* result) {
   double sum = 0.0;
   DP_GRID_STRIDE(i, n) {
@@ -880,6 +893,14 @@ void accumulate(cudaStream_t s, int64_t count, const S* src, S* dst) {
 
 void scale(cudaStream_t s, int64_t count, float alpha, float* dst) {
   launch_1d(s, count, kMaxBlocks, scale_kernel, alpha, dst);
+}
+
+void ema_update(cudaStream_t s, int64_t count, const float* src, float decay, float* avg) {
+  launch_1d(s, count, kMaxBlocks, ema_update_kernel, src, decay, avg);
+}
+
+void swap(cudaStream_t s, int64_t count, float* a, float* b) {
+  launch_1d(s, count, kMaxBlocks, swap_kernel, a, b);
 }
 
 void sum_squares(cudaStream_t s, int64_t count, const float* src, double* result) {

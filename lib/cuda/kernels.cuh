@@ -40,6 +40,9 @@ void relu_backward(cudaStream_t s, int64_t count, const S* dst, const S* diff_ds
 template <typename S>
 void accumulate(cudaStream_t s, int64_t count, const S* src, S* dst);  // dst += src
 void scale(cudaStream_t s, int64_t count, float alpha, float* dst);
+// avg = decay * avg + (1 - decay) * src, rounded as the CPU backend's (no fused multiply-add).
+void ema_update(cudaStream_t s, int64_t count, const float* src, float decay, float* avg);
+void swap(cudaStream_t s, int64_t count, float* a, float* b);  // a[i] <-> b[i]
 // *result = sum src[i]^2 (double), overwritten.
 void sum_squares(cudaStream_t s, int64_t count, const float* src, double* result);
 // dst[p, k] = act(float(src[p, k]) + bias[k]) stored as Out, NHWC with c channels over `pixels`

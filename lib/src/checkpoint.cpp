@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 #include <regex>
+#include <tuple>
 
 #include "dp/error.hpp"
 #include "dp/fs.hpp"
@@ -19,6 +20,8 @@ namespace {
 const std::string kParamsGroup = "params";
 const std::string kBuffersGroup = "buffers";
 const std::string kOptimGroup = "optim/";
+const std::string kAveragedParamsGroup = "ema/params/";
+const std::string kAveragedBuffersGroup = "ema/buffers/";
 // Lists the state arenas' names in the order of the checksum; absent in older files, which hold
 // SGD's momentum buffer when has_optimizer_state is set.
 const char* const kStateNamesAttr = "optimizer_state";
@@ -91,6 +94,10 @@ void write_meta(h5::Location& root, const CheckpointMeta& m) {
   root.set_attr("history_valid_precision", m.valid_precision);
   root.set_attr("history_valid_recall", m.valid_recall);
   root.set_attr("history_valid_ods_threshold", m.valid_ods_threshold);
+  root.set_attr("history_valid_ods", m.valid_ods);
+  root.set_attr("history_valid_cldice", m.valid_cldice);
+  root.set_attr("early_stop_wait", m.early_stop_wait);
+  root.set_attr("early_stop_key", m.early_stop_key);
   root.set_attr("epoch_step", m.epoch_step);
   root.set_attr("epoch_position", m.epoch_position);
   root.set_attr("epoch_partial", m.epoch_partial);
@@ -132,10 +139,23 @@ CheckpointMeta read_meta(const h5::Location& root) {
     m.valid_recall = root.attr_doubles("history_valid_recall");
   }
   // Absent in older files: NaN for each of their epochs.
-  m.valid_ods_threshold =
-      root.has_attr("history_valid_ods_threshold")
-          ? root.attr_doubles("history_valid_ods_threshold")
-          : std::vector<double>(m.train_loss.size(), std::numeric_limits<double>::quiet_NaN());
+  const auto history_or_nan = [&](const char* name) {
+    return root.has_attr(name)
+               ? root.attr_doubles(name)
+               : std::vector<double>(m.train_loss.size(), std::numeric_limits<double>::quiet_NaN());
+  };
+  m.valid_ods_threshold = history_or_nan("history_valid_ods_threshold");
+  m.valid_ods = history_or_nan("history_valid_ods");
+  m.valid_cldice = history_or_nan("history_valid_cldice");
+  if (root.has_attr("early_stop_wait")) {
+    m.early_stop_wait = root.attr_int("early_stop_wait");
+    m.early_stop_key = root.attr_double("early_stop_key");
+  } else if (m.best_epoch > 0) {
+    m.early_stop_wait = m.epoch - m.best_epoch;
+    m.early_stop_key = m.best_metric == "valid_loss" ? m.best_score : -m.best_score;
+  }
+  m.has_averaged_weights =
+      root.has_attr("has_averaged_weights") && root.attr_int("has_averaged_weights") != 0;
   if (root.has_attr("has_optimizer_state") && root.attr_int("has_optimizer_state") != 0)
     m.optimizer_state = root.has_attr(kStateNamesAttr)
                             ? split_names(root.attr_string(kStateNamesAttr))
@@ -164,7 +184,8 @@ void save_checkpoint(const std::string& path, const ParamStore& params, const fl
 }
 
 void save_checkpoint(const std::string& path, const ParamStore& params, const OptimizerState& state,
-                     const CheckpointMeta& meta, const ParamStore* buffers) {
+                     const CheckpointMeta& meta, const ParamStore* buffers,
+                     const AveragedWeights* averaged) {
   const std::string tmp = temp_path_for(path);
   try {
     std::lock_guard lock(h5::mutex());
@@ -203,7 +224,23 @@ void save_checkpoint(const std::string& path, const ParamStore& params, const Op
         sum = checksum_update(sum, group + p->name, m, p->numel);
       }
     }
+    if (averaged != nullptr) {  // after the optimiser state in the checksum
+      for (const auto& [store, arena, group] :
+           {std::tuple{&params, averaged->params, kAveragedParamsGroup},
+            std::tuple{buffers, averaged->buffers, kAveragedBuffersGroup}}) {
+        if (store == nullptr || store->views().empty()) continue;
+        DP_CHECK(arena != nullptr, "save_checkpoint: no averaged arena for ", group);
+        HostArena host(*store, arena);
+        host.fetch();
+        for (const ParamView* p : by_name(*store)) {
+          const float* v = host.data() + p->offset;
+          h5::Dataset::create(file, group + p->name, h5::Type::kFloat32, p->shape).write(v);
+          sum = checksum_update(sum, group + p->name, v, p->numel);
+        }
+      }
+    }
     write_meta(file, meta);
+    file.set_attr("has_averaged_weights", int64_t{averaged != nullptr});
     file.set_attr("has_optimizer_state", int64_t{!state.empty()});
     file.set_attr(kStateNamesAttr, names);
     file.set_attr("checksum", hex(sum));
@@ -232,7 +269,8 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, floa
 }
 
 CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
-                               const OptimizerState& state, ParamStore* buffers) {
+                               const OptimizerState& state, ParamStore* buffers,
+                               const AveragedWeights* averaged) {
   std::lock_guard lock(h5::mutex());
   h5::File file(path, h5::Mode::kRead);
   CheckpointMeta meta = read_meta(file);
@@ -263,7 +301,7 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
   // device once the checksum holds.
   uint64_t sum = 0;
   std::vector<HostArena> staged;
-  staged.reserve(2 + state.size());
+  staged.reserve(4 + state.size());  // references into it are kept
   HostArena& values = staged.emplace_back(params, params.values());
   for (const ParamView* p : by_name(params)) {
     float* v = values.data() + p->offset;
@@ -309,6 +347,32 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
       }
       load(group + p->name, *p, dst);
       sum = checksum_update(sum, group + p->name, dst, p->numel);
+    }
+  }
+  // Averaged weights: into the caller's arenas or, for the checksum, a scratch buffer.
+  if (meta.has_averaged_weights) {
+    DP_CHECK(file.exists("ema"), "checkpoint '", path, "' lacks 'ema'");
+    for (const auto& [store, arena, group] :
+         {std::tuple{static_cast<const ParamStore*>(&params),
+                     averaged != nullptr ? averaged->params : nullptr, kAveragedParamsGroup},
+          std::tuple{static_cast<const ParamStore*>(buffers),
+                     averaged != nullptr ? averaged->buffers : nullptr, kAveragedBuffersGroup}}) {
+      if (store == nullptr) {  // weights-only reads without buffers: none in the file either
+        DP_CHECK(!file.exists(group.substr(0, group.size() - 1)), "checkpoint '", path,
+                 "' holds averaged batch-norm statistics, but no model buffers were given");
+        continue;
+      }
+      if (store->views().empty()) continue;
+      float* host = arena != nullptr ? staged.emplace_back(*store, arena).data() : nullptr;
+      for (const ParamView* p : by_name(*store)) {
+        float* dst = host != nullptr ? host + p->offset : nullptr;
+        if (dst == nullptr) {
+          scratch.resize(static_cast<size_t>(p->numel));
+          dst = scratch.data();
+        }
+        load(group + p->name, *p, dst);
+        sum = checksum_update(sum, group + p->name, dst, p->numel);
+      }
     }
   }
   DP_CHECK(file.attr_string("checksum") == hex(sum), "checkpoint '", path,

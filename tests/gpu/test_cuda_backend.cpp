@@ -880,6 +880,17 @@ TEST_F(CudaVsCpu, SumSquaresScaleCopyAccumulate) {
     return to_host(dst);
   };
   expect_close("accumulate", accumulate(*cpu_), accumulate(*gpu_), kElemTol);
+  // --ema: the same rounding as the CPU's (no fused multiply-add), so bit for bit.
+  auto ema = [&](Backend& be) {
+    Buffer src = to_backend(be, x), avg = to_backend(be, y);
+    be.ema_update(int64_t(n), src.f32(), 0.999f, avg.f32());
+    return to_host(avg);
+  };
+  expect_equal("ema_update", ema(*cpu_), ema(*gpu_));
+  Buffer a = to_backend(*gpu_, x), b = to_backend(*gpu_, y);
+  gpu_->swap(int64_t(n), a.f32(), b.f32());
+  expect_equal("swap a", y, to_host(a));
+  expect_equal("swap b", x, to_host(b));
 }
 
 // ---- bf16 activations ------------------------------------------------------------------------

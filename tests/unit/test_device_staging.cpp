@@ -179,6 +179,10 @@ class SimulatedDeviceBackend : public Backend {
     return inner_->sum_squares(count, src);
   }
   void scale(int64_t count, float alpha, float* dst) override { inner_->scale(count, alpha, dst); }
+  void ema_update(int64_t count, const float* src, float decay, float* avg) override {
+    inner_->ema_update(count, src, decay, avg);
+  }
+  void swap(int64_t count, float* a, float* b) override { inner_->swap(count, a, b); }
 
   SimulatedDeviceMemory memory;
 

@@ -8,8 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "dp/error.hpp"
 #include "dp/model.hpp"
 #include "dp/optim.hpp"
+#include "dp/weight_average.hpp"
 #include "golden_util.hpp"
 
 namespace dp {
@@ -135,6 +137,51 @@ TEST(GoldenModels, UNetResNet34) {
 }
 TEST(GoldenModels, UNetResNet101) {
   run_model_golden("unet_resnet101_w32.h5");
+}
+
+// --ema: three SGD steps of UNetResNet34/32 in train mode, each on its own batch, with the weight
+// average updated after every step, against timm's ModelEmaV2 formula applied to the PyTorch model
+// in float64 (tests/golden/ema_unet_resnet34_w32.h5): the averaged parameters and batch-norm
+// buffers, swapped into the model, and the raw weights, swapped back.
+TEST(GoldenModels, WeightAverageFollowsTimmsModelEmaOverThreeSteps) {
+  Golden g(std::string(DP_GOLDEN_DIR) + "/ema_unet_resnet34_w32.h5");
+  auto be = make_cpu_backend();
+  ModelConfig cfg;
+  cfg.name = g.attr_string("", "model");
+  cfg.width_divisor = int(g.attr_int("", "width_divisor"));
+  cfg.dropout = 0.0f;
+  auto m = make_model(cfg, *be);
+  const auto in_shape = g.shape("input0");
+  const int n = int(in_shape[0]), h = int(in_shape[1]), w = int(in_shape[2]);
+  m->setup(n, h, w);
+  const Packed params(g, "param"), buffers(g, "buffer");
+  ASSERT_FALSE(buffers.names.empty());  // the buffers are averaged too
+  load(params, g.read("params"), m->params());
+  load(buffers, g.read("buffers"), m->buffers());
+  const float decay = float(g.attr_double("", "decay")), lr = float(g.attr_double("", "lr"));
+  WeightAverage average(*m, *be, decay);
+  average.reset();
+  Sgd sgd(m->params(), *be,
+          {lr, float(g.attr_double("", "momentum")), float(g.attr_double("", "weight_decay"))});
+  m->set_training(true);
+  const int64_t steps = g.attr_int("", "steps");
+  for (int64_t k = 0; k < steps; ++k) {
+    const std::vector<float> x = g.read(str_cat("input", k)), t = g.read(str_cat("target", k));
+    const float* logits = m->forward(x.data(), n);
+    std::vector<float> diff(t.size());
+    const auto count = int64_t(t.size());
+    be->bce_with_logits(count, logits, t.data(), 1.0f, 1.0f / float(count), diff.data());
+    m->backward(diff.data());
+    sgd.step(lr);
+    average.update();
+  }
+  // Three float32 steps against float64 ones (measured: 2.0e-6 max-relative).
+  constexpr double kTol = 1e-5;
+  average.swap();
+  compare("ema_params", params, g.read("ema_params"), m->params(), false, kTol);
+  compare("ema_buffers", buffers, g.read("ema_buffers"), m->buffers(), false, kTol);
+  average.swap();
+  compare("params_after", params, g.read("params_after"), m->params(), false, kTol);
 }
 
 // --precision bf16 against PyTorch's autocast (tests/golden/*_bf16.h5: float32 model under

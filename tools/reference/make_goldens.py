@@ -279,14 +279,75 @@ def model_golden(path, name, n, size, deconv=False, d=32, lr=0.01, momentum=0.9,
     return os.path.getsize(path)
 
 
+def ema_golden(path, name="unet_resnet34", n=1, size=64, d=32, steps=3, decay=0.8, lr=0.01,
+               momentum=0.9, wd=1e-4):
+    """dptrain --ema: `steps` SGD steps of `name` at width 1/d in train mode (batch-norm running
+    statistics move), each on its own random batch, with the weights' moving average after every
+    step as timm's ModelEmaV2 computes it (ema = decay * ema + (1 - decay) * w over the
+    parameters and the batch-norm buffers, starting from the initial weights). float64."""
+    torch.manual_seed(2468)
+    model = models.make(name, width_divisor=d).to(torch.float64)
+    if hasattr(model, "dropout_2d"):
+        model.dropout_2d = 0.0
+    models.lively_init(model)
+    params = canonical_tensors(model, "param")
+    buffers = canonical_tensors(model, "buffer")
+    before = {k: plain(v) for k, v in params.items()}
+    buffers_before = {k: plain(v) for k, v in buffers.items()}
+    ema = {k: v.detach().clone() for k, v in {**params, **buffers}.items()}  # ModelEmaV2(model)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=wd)
+    model.train()
+    batches = []
+    for _ in range(steps):
+        x = (torch.rand(n, 3, size, size, dtype=torch.float32) * 4 - 2).to(torch.float64)
+        t = (torch.rand(n, 1, size, size) < 0.2).to(torch.float64)
+        batches.append((x, t))
+        loss = F.binary_cross_entropy_with_logits(model(x), t)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with torch.no_grad():  # ModelEmaV2.update
+            for k, v in {**params, **buffers}.items():
+                ema[k].copy_(ema[k] * decay + (1.0 - decay) * v)
+    with h5py.File(path, "w", libver="latest") as f:
+        f.attrs.update(dict(format=FORMAT, torch_version=str(torch.__version__), model=name,
+                            deconv=0, width_divisor=d, steps=steps, decay=decay, lr=lr,
+                            momentum=momentum, weight_decay=wd))
+        for k, (x, t) in enumerate(batches):
+            put(f, f"input{k}", nhwc(x))
+            put(f, f"target{k}", nhwc(t))
+
+        def pack(kind, names):
+            f.attrs[f"{kind}_names"] = "\n".join(names)
+            put(f, f"{kind}_sizes", np.array([before.get(k, buffers_before.get(k)).size
+                                              for k in names], dtype=np.float32))
+            return lambda ds, values: put(f, ds, np.concatenate(
+                [values[k].reshape(-1) for k in names]) if names else np.zeros(0, np.float32))
+
+        put_params = pack("param", sorted(params))
+        put_params("params", before)
+        put_params("params_after", {k: plain(v) for k, v in params.items()})
+        put_params("ema_params", {k: plain(ema[k]) for k in params})
+        put_buffers = pack("buffer", sorted(buffers))
+        put_buffers("buffers", buffers_before)
+        put_buffers("ema_buffers", {k: plain(ema[k]) for k in buffers})
+    return os.path.getsize(path)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "..", "tests", "golden"))
-    ap.add_argument("--only", choices=["losses"], help="write only this file (losses.h5)")
+    ap.add_argument("--only", choices=["losses", "ema"],
+                    help="write only this file (losses.h5, ema_unet_resnet34_w32.h5)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     torch.set_num_threads(1)
+    if args.only != "losses":
+        size_bytes = ema_golden(os.path.join(args.out, "ema_unet_resnet34_w32.h5"))
+        print(f"ema_unet_resnet34_w32.h5: {size_bytes / 1024:.0f} KiB")
+    if args.only == "ema":
+        return
     loss_goldens(os.path.join(args.out, "losses.h5"))
     print(f"losses.h5: {os.path.getsize(os.path.join(args.out, 'losses.h5')) / 1024:.0f} KiB")
     if args.only:

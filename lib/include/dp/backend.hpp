@@ -204,6 +204,10 @@ class Backend {
   // sum of src[i]^2 in double (gradient clipping), and dst *= alpha.
   virtual double sum_squares(int64_t count, const float* src) = 0;
   virtual void scale(int64_t count, float alpha, float* dst) = 0;
+  // Weight averaging (--ema): avg = decay * avg + (1 - decay) * src, as timm's ModelEmaV2.
+  virtual void ema_update(int64_t count, const float* src, float decay, float* avg) = 0;
+  // Exchanges a[i] and b[i] (the model's weights and their average, for validation).
+  virtual void swap(int64_t count, float* a, float* b) = 0;
 };
 
 // Host-side batch-norm moments from batchnorm_stats sums over `count` elements per channel:

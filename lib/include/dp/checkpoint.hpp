@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -28,9 +29,10 @@ struct CheckpointMeta {
   double lr = 0;               // learning rate of the last completed epoch
   double best_valid_loss = 0;  // valid_loss of the best epoch so far, including this epoch
   int64_t best_epoch = 0;
-  std::string best_metric = "valid_loss";  // how the best epoch is chosen (valid_loss, iou, dice)
-  double best_score = 0;                   // that metric's value at the best epoch
-  std::string options;                     // effective configuration, one "key = value" per line
+  std::string best_metric =
+      "valid_loss";       // how the best epoch is chosen (valid_loss, iou, dice, ods)
+  double best_score = 0;  // that metric's value at the best epoch
+  std::string options;    // effective configuration, one "key = value" per line
   // One entry per completed epoch.
   std::vector<double> train_loss, valid_loss, valid_iou, epoch_seconds;
   // Also one per epoch; NaN for an epoch without validation (--val-every), like valid_loss.
@@ -38,6 +40,14 @@ struct CheckpointMeta {
   // Also one per epoch (NaN without validation): the threshold of the validation's ODS F-measure
   // (dppredict --threshold ods); NaN for the epochs of files written before it was recorded.
   std::vector<double> valid_ods_threshold;
+  // Also one per epoch, NaN likewise: the validation's ODS F-measure (--best-metric ods) and its
+  // centreline Dice (clDice) at the threshold.
+  std::vector<double> valid_ods, valid_cldice;
+  // Early stopping (--patience): validated epochs since --best-metric last improved by more than
+  // --min-delta, and its value then (oriented lower-is-better; NaN: none yet). Files written
+  // before it was recorded read as the epochs since best_epoch and the best score.
+  int64_t early_stop_wait = 0;
+  double early_stop_key = std::numeric_limits<double>::quiet_NaN();
   // Mid-epoch (preemption) checkpoints: optimiser steps done in epoch `epoch` (0 = at its start),
   // the positions of that epoch's global sample order consumed by them, and the epoch's partial
   // training sums over all ranks (loss, pixels, TP, FP, FN, samples, seconds).
@@ -47,6 +57,16 @@ struct CheckpointMeta {
   // Read only (save_checkpoint writes it from its `state`): the optimiser state arenas in the
   // file, e.g. {"momentum_buffer"} (SGD) or {"exp_avg", "exp_avg_sq"} (AdamW); empty: weights.
   std::vector<std::string> optimizer_state;
+  // Read only (written from save_checkpoint's `averaged`): the file holds averaged weights.
+  bool has_averaged_weights = false;
+};
+
+// --ema: the moving averages of the parameters and of the batch-norm buffers, arenas of the
+// layouts of the model's ParamStores (backend memory), stored beside the raw weights as
+// /ema/params/<name> and /ema/buffers/<name>.
+struct AveragedWeights {
+  float* params = nullptr;
+  float* buffers = nullptr;  // may be null when the model has no buffers
 };
 
 // Writes atomically (temporary file, flush, fsync, rename, directory fsync). `momentum` may be
@@ -56,8 +76,10 @@ void save_checkpoint(const std::string& path, const ParamStore& params, const fl
 
 // The same with any optimiser's named state arenas (/optim/<arena>/<name>, attribute
 // `optimizer_state` lists the arena names in order); an empty `state` writes weights only.
+// `averaged` (--ema), when given, is written too.
 void save_checkpoint(const std::string& path, const ParamStore& params, const OptimizerState& state,
-                     const CheckpointMeta& meta, const ParamStore* buffers = nullptr);
+                     const CheckpointMeta& meta, const ParamStore* buffers = nullptr,
+                     const AveragedWeights* averaged = nullptr);
 
 // Reads only the attributes and checks the format; throws dp::Error naming the file otherwise.
 CheckpointMeta read_checkpoint_meta(const std::string& path);
@@ -67,9 +89,12 @@ CheckpointMeta read_checkpoint_meta(const std::string& path);
 CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, float* momentum,
                                ParamStore* buffers = nullptr);
 // The same for any optimiser: every arena of `state` must be in the file (a checkpoint of
-// another optimiser is an error naming both); an empty `state` loads weights only.
+// another optimiser is an error naming both); an empty `state` loads weights only. `averaged`,
+// when given and the file has averaged weights (meta.has_averaged_weights), receives them, after
+// the raw weights: arenas that alias the model's (dppredict) end up holding the averages.
 CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
-                               const OptimizerState& state, ParamStore* buffers = nullptr);
+                               const OptimizerState& state, ParamStore* buffers = nullptr,
+                               const AveragedWeights* averaged = nullptr);
 
 std::string epoch_checkpoint_name(int64_t epoch);  // "model_epoch_<N>.h5"
 
