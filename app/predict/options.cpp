@@ -46,9 +46,10 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   po::options_description out("Output");
   out.add_options()("out,o", po::value(&o.out),
                     "output folder: masks/, prob/ and overlay/ (optional with --dataset)")(
-      "threshold", po::value(&threshold)->default_value("0.5"),
-      "probability above which a pixel is a crack, or ods: the threshold of the best F-measure "
-      "over the validation split that dptrain recorded for the checkpoint's epoch")(
+      "threshold", po::value(&threshold)->default_value("auto"),
+      "probability above which a pixel is a crack; auto: the threshold of the best F-measure "
+      "over the validation split that dptrain recorded for the checkpoint's epoch, 0.5 where "
+      "none was recorded; ods: that recorded threshold or an error")(
       "tolerance", po::value(&o.tolerance)->default_value(o.tolerance),
       "with --dataset: ODS/OIS/AP count a predicted crack pixel within this many pixels of a "
       "true one as right, and a true one with a prediction this close as found")(
@@ -56,7 +57,10 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
       "also write the probability map as an 8-bit PNG (prob/)")(
       "overlay", po::bool_switch(&o.overlay),
       "also write the image with crack pixels tinted red (overlay/)")(
-      "quiet,q", po::bool_switch(&o.quiet), "no progress bar or progress lines");
+      "quiet,q", po::bool_switch(&o.quiet), "no progress bar or progress lines")(
+      "raw-weights", po::bool_switch(&o.raw_weights),
+      "use the checkpoint's raw weights where it also holds averaged ones (dptrain --ema; "
+      "those are the default)");
   po::options_description run("Inference");
   run.add_options()("tile", po::value(&tile),
                     "tile size N or HxW (default: the size the checkpoint was trained on)")(
@@ -118,12 +122,15 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   require(o.from_dataset() || !o.out.empty(), "--out is required for images (see --help)");
   require(o.split == "train" || o.split == "val", "--split must be train or val, got '", o.split,
           "'");
-  o.threshold_ods = threshold == "ods";
-  if (!o.threshold_ods) {
+  using Rule = PredictOptions::ThresholdRule;
+  o.threshold_rule = threshold == "auto"  ? Rule::kAuto
+                     : threshold == "ods" ? Rule::kOds
+                                          : Rule::kValue;
+  if (o.threshold_rule == Rule::kValue) {
     char* end = nullptr;
     o.threshold = std::strtod(threshold.c_str(), &end);
     require(!threshold.empty() && *end == '\0' && o.threshold > 0 && o.threshold < 1,
-            "--threshold must be in (0, 1) or ods, got '", threshold, "'");
+            "--threshold must be in (0, 1), auto or ods, got '", threshold, "'");
   }
   require(o.tolerance >= 0 && o.tolerance <= 32, "--tolerance must be in [0, 32] pixels, got ",
           o.tolerance);

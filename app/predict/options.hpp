@@ -14,8 +14,12 @@ struct PredictOptions {
   std::string dataset;              // or a dataset v1 file (masks give metrics)
   std::string split = "val";        // its split
   std::string out;                  // output folder (optional with --dataset: metrics only)
-  double threshold = 0.5;           // probability above which a pixel is a crack
-  bool threshold_ods = false;       // --threshold ods: the checkpoint's validation ODS threshold
+  // --threshold: auto (the default) takes the validation ODS threshold dptrain recorded for the
+  // checkpoint's epoch where there is one, else 0.5; ods insists on the recorded one; a number
+  // in (0, 1) is used as given.
+  enum class ThresholdRule { kAuto, kOds, kValue };
+  ThresholdRule threshold_rule = ThresholdRule::kAuto;
+  double threshold = 0.5;  // kValue: probability above which a pixel is a crack
   int tolerance = 0;       // --dataset: pixels of tolerance of ODS/OIS/AP (train/sweep_metrics.hpp)
   bool save_prob = false;  // also write the probability map (8-bit PNG)
   bool overlay = false;    // also write the image with crack pixels tinted
@@ -27,6 +31,7 @@ struct PredictOptions {
   std::string precision = "fp32";       // fp32 | bf16 (activations; dptrain's --precision)
   std::string device = "auto";          // auto (the GPU where every rank sees one) | cpu | cuda
   bool quiet = false;                   // no progress bar or lines
+  bool raw_weights = false;  // the raw weights where the checkpoint also has averaged ones
 
   bool from_dataset() const { return !dataset.empty(); }
 };

@@ -61,7 +61,11 @@ Predictor::Predictor(const std::string& checkpoint, const PredictorOptions& opti
                              " takes tiles whose sides are multiples of ", m));
   model_->setup(options.batch, tile_height_, tile_width_);
   model_->set_training(false);  // running batch-norm statistics, no dropout
-  load_checkpoint(checkpoint, model_->params(), nullptr, &model_->buffers());
+  // Averaged weights (--ema) load after the raw ones into the same arenas, replacing them.
+  averaged_ = meta_.has_averaged_weights && !options.raw_weights;
+  const AveragedWeights into_model{model_->params().values(), model_->buffers().values()};
+  load_checkpoint(checkpoint, model_->params(), OptimizerState{}, &model_->buffers(),
+                  averaged_ ? &into_model : nullptr);
   runner_ = std::make_unique<TiledRunner>(
       [this](const float* input, int n) { return model_->forward_host(input, n); }, normalization_,
       tile_height_, tile_width_, overlap_, options.batch, margin_);

@@ -20,6 +20,7 @@ struct PredictorOptions {
   CpuConvAlgo conv_algo = CpuConvAlgo::kDirect;  // 3x3 convolution kernels (dppredict: auto)
   Precision precision = Precision::kFloat32;     // bf16: bf16 activations and convolutions
   bool gpu = false;  // the CUDA backend on the current device (TF32 allowed), else the CPU one
+  bool raw_weights = false;  // the raw weights even where the checkpoint has averaged ones (--ema)
 };
 
 class Predictor {
@@ -33,6 +34,8 @@ class Predictor {
   Predictor& operator=(const Predictor&) = delete;
 
   const CheckpointMeta& meta() const { return meta_; }
+  // The model runs the checkpoint's averaged weights (--ema), not its raw ones.
+  bool averaged() const { return averaged_; }
   const Normalization& normalization() const { return normalization_; }
   int tile_height() const { return tile_height_; }
   int tile_width() const { return tile_width_; }
@@ -49,6 +52,7 @@ class Predictor {
   CheckpointMeta meta_;
   Normalization normalization_;
   int tile_height_ = 0, tile_width_ = 0, overlap_ = 0, margin_ = 0;
+  bool averaged_ = false;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<TiledRunner> runner_;

@@ -23,6 +23,7 @@
 #include "dp/image_io.hpp"
 #include "exit_codes.hpp"
 #include "predict/predictor.hpp"
+#include "train/centerline_dice.hpp"
 #include "train/options.hpp"
 #include "train/sweep_metrics.hpp"
 #include "train/trainer.hpp"
@@ -254,16 +255,15 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     po.batch = o.batch_size;
     po.conv_algo = parse_cpu_conv(o.cpu_conv);
     po.precision = parse_precision(o.precision);
+    po.raw_weights = o.raw_weights;
     predictor = std::make_unique<Predictor>(o.checkpoint, po);
-    if (o.threshold_ods) {
-      threshold = recorded_ods_threshold(predictor->meta());
-      if (std::isnan(threshold))
-        throw UsageError(str_cat("--threshold ods: checkpoint '", o.checkpoint,
-                                 "' records no validation ODS threshold for its epoch ",
-                                 predictor->meta().epoch,
-                                 " (not validated that epoch, or written by an older dptrain); "
-                                 "give --threshold P"));
-    }
+    if (o.threshold_rule == PredictOptions::ThresholdRule::kOds &&
+        std::isnan(recorded_ods_threshold(predictor->meta())))
+      throw UsageError(str_cat("--threshold ods: checkpoint '", o.checkpoint,
+                               "' records no validation ODS threshold for its epoch ",
+                               predictor->meta().epoch,
+                               " (not validated that epoch, or written by an older dptrain); "
+                               "give --threshold P"));
     if (o.from_dataset()) {
       dataset = std::make_unique<data::Dataset>(o.dataset, o.split);
       for (int64_t i = 0; i < dataset->size(); ++i)
@@ -279,25 +279,51 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     }
   });
   const CheckpointMeta& meta = predictor->meta();
+  // The mask threshold and why: class-balanced training puts the best one well above 0.5.
+  const double recorded = recorded_ods_threshold(meta);
+  std::string why;
+  switch (o.threshold_rule) {
+    case PredictOptions::ThresholdRule::kOds:
+      threshold = recorded;
+      why = "validation ODS";
+      break;
+    case PredictOptions::ThresholdRule::kAuto:
+      if (std::isnan(recorded)) {
+        why = str_cat(
+            "--threshold auto: the checkpoint records no validation ODS threshold for "
+            "its epoch ",
+            meta.epoch);
+      } else {
+        threshold = recorded;
+        why = str_cat("--threshold auto: the validation ODS threshold of epoch ", meta.epoch);
+      }
+      break;
+    case PredictOptions::ThresholdRule::kValue:
+      why = std::isnan(recorded)
+                ? "--threshold"
+                : str_cat("--threshold; the checkpoint's validation had its best F-measure at ",
+                          recorded, ", which --threshold auto uses");
+      break;
+  }
   log.info("dppredict: ", o.checkpoint, ": ", meta.model, " (width divisor ", meta.width_divisor,
            meta.deconv != 0 ? ", deconv" : "", ") trained ", meta.epoch, " epoch(s) on ",
-           meta.height, "x", meta.width, "; tiles ", predictor->tile_height(), "x",
-           predictor->tile_width(), ", overlap ", predictor->overlap(),
+           meta.height, "x", meta.width,
+           predictor->averaged()       ? " (its averaged weights, dptrain --ema)"
+           : meta.has_averaged_weights ? " (its raw weights, --raw-weights)"
+                                       : "",
+           "; tiles ", predictor->tile_height(), "x", predictor->tile_width(), ", overlap ",
+           predictor->overlap(),
            predictor->margin() > 0 ? str_cat(", margin ", predictor->margin()) : std::string(),
            ", ", o.batch_size, " per batch; ", inputs.size(), " image(s) on ", world,
            " rank(s); rank 0 on ", device, o.precision == "bf16" ? ", bf16 activations" : "",
-           o.threshold_ods ? str_cat("; threshold ", threshold, " (validation ODS)") : "");
-  // Class-balanced training puts the best threshold well above 0.5: say where it is.
-  if (const double ods = recorded_ods_threshold(meta); !o.threshold_ods && !std::isnan(ods))
-    log.info("dppredict: threshold ", threshold,
-             "; the checkpoint's validation had its best F-measure at ", ods,
-             " (--threshold ods uses it)");
+           "; threshold ", threshold, " (", why, ")");
 
   std::vector<size_t> mine;
   for (size_t i = size_t(rank); i < inputs.size(); i += size_t(world)) mine.push_back(i);
   Progress progress(rank == 0 && !o.quiet, int64_t(mine.size()), rank, world);
   SegmentationMetrics m;
   ThresholdSweep sweep(o.tolerance);                       // ODS/OIS/AP of --dataset
+  CenterlineDice centerline;                               // clDice of --dataset
   std::unordered_map<size_t, std::vector<uint8_t>> truth;  // dataset masks of images in flight
   const auto mask_threshold = float(threshold);
   const fs::path out(o.out);
@@ -330,6 +356,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     }
     if (const auto t = truth.find(id); t != truth.end()) {
       sweep.add_probabilities(prob.data(), t->second.data(), h, w);
+      centerline.add_masks(mask.data(), t->second.data(), h, w);
       for (size_t i = 0; i < pixels; ++i) {
         const bool p = mask[i] != 0, g = t->second[i] != 0;
         m.tp += p && g;
@@ -394,7 +421,9 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   if (dataset) {  // every rank finished: the sweep's counts sum over ranks
     comm.allreduce_sum(sweep.counts().data(), sweep.counts().size());
     comm.allreduce_sum(sweep.sums().data(), sweep.sums().size());
+    comm.allreduce_sum(centerline.counts().data(), centerline.counts().size());
     total.sweep = sweep.result();
+    total.cldice = centerline.value();
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   log.info("dppredict: ", total.images, " image(s) in ", fixed(seconds, 1), " s (",
@@ -412,9 +441,10 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     log.info("metrics on ", o.dataset, " /", o.split, " (", total.images, " images, ", total.pixels,
              " pixels, threshold ", threshold, "): iou ", fixed(total.iou(), 8), "  dice ",
              fixed(total.dice(), 8), "  precision ", fixed(total.precision(), 8), "  recall ",
-             fixed(total.recall(), 8), "; over thresholds 0.01..0.99, tolerance ", o.tolerance,
-             " px: ods ", fixed(total.sweep.ods, 8), " (t ", fixed(total.sweep.ods_threshold, 2),
-             ")  ois ", fixed(total.sweep.ois, 8), "  ap ", fixed(total.sweep.ap, 8));
+             fixed(total.recall(), 8), "  cldice ", fixed(total.cldice, 8),
+             "; over thresholds 0.01..0.99, tolerance ", o.tolerance, " px: ods ",
+             fixed(total.sweep.ods, 8), " (t ", fixed(total.sweep.ods_threshold, 2), ")  ois ",
+             fixed(total.sweep.ois, 8), "  ap ", fixed(total.sweep.ap, 8));
   }
   if (metrics_out != nullptr) *metrics_out = total;
   return failures > 0 ? kExitSomeInputsFailed : kExitOk;

@@ -17,6 +17,7 @@ namespace dp::app {
 struct SegmentationMetrics {
   int64_t tp = 0, fp = 0, fn = 0, pixels = 0, images = 0;
   SweepResult sweep;         // ODS, OIS, AP over the thresholds (--dataset)
+  double cldice = 0;         // centreline Dice of the masks (train/centerline_dice.hpp)
   double iou() const;        // TP / (TP + FP + FN)
   double dice() const;       // 2 TP / (2 TP + FP + FN)
   double precision() const;  // TP / (TP + FP)

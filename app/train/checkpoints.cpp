@@ -29,11 +29,12 @@ std::vector<double> pack(const CheckpointMeta& m) {
            {double(m.epoch_step), double(m.epoch_position), double(m.epoch_partial.size())});
   v.insert(v.end(), m.epoch_partial.begin(), m.epoch_partial.end());
   v.push_back(m.best_score);
-  for (const auto* h :
-       {&m.valid_dice, &m.valid_precision, &m.valid_recall, &m.valid_ods_threshold}) {
+  for (const auto* h : {&m.valid_dice, &m.valid_precision, &m.valid_recall, &m.valid_ods_threshold,
+                        &m.valid_ods, &m.valid_cldice}) {
     v.push_back(double(h->size()));
     v.insert(v.end(), h->begin(), h->end());
   }
+  v.insert(v.end(), {double(m.early_stop_wait), m.early_stop_key});
   return v;
 }
 
@@ -55,12 +56,15 @@ void unpack(const std::vector<double>& v, CheckpointMeta& m) {
   m.epoch_partial.assign(from, from + partial);
   at += 3 + size_t(partial);
   m.best_score = v[at++];
-  for (auto* h : {&m.valid_dice, &m.valid_precision, &m.valid_recall, &m.valid_ods_threshold}) {
+  for (auto* h : {&m.valid_dice, &m.valid_precision, &m.valid_recall, &m.valid_ods_threshold,
+                  &m.valid_ods, &m.valid_cldice}) {
     const auto count = static_cast<size_t>(v[at++]);
     h->assign(v.begin() + static_cast<ptrdiff_t>(at),
               v.begin() + static_cast<ptrdiff_t>(at + count));
     at += count;
   }
+  m.early_stop_wait = static_cast<int64_t>(v[at]);
+  m.early_stop_key = v[at + 1];
 }
 
 // The first view of `params`' layout whose values in `arena` (backend memory) are not all
@@ -97,7 +101,8 @@ std::string loss_changes(const std::string& recorded, const TrainOptions& now) {
 
 }  // namespace
 
-double best_key(const std::string& metric, double loss, double iou, double dice) {
+double best_key(const std::string& metric, double loss, double iou, double dice, double ods) {
+  if (metric == "ods") return -ods;
   if (metric == "iou") return -iou;
   if (metric == "dice") return -dice;
   return loss;
@@ -115,12 +120,13 @@ std::string first_nonfinite_tensor(Model& model, Optimizer& optim) {
 }
 
 Checkpoints::Checkpoints(const TrainOptions& options, Comm& comm, Logger log, Model& model,
-                         Optimizer& optim, int height, int width)
+                         Optimizer& optim, WeightAverage* average, int height, int width)
     : opt_(options),
       comm_(comm),
       log_(log),
       model_(model),
       optim_(optim),
+      average_(average),
       height_(height),
       width_(width) {}
 
@@ -164,7 +170,9 @@ bool Checkpoints::load(const std::string& path, bool skip_bad, CheckpointMeta& s
                              " rank(s); with --cache it resumes only on as many (this run has ",
                              comm_.size(), ")"));
   try {
-    state = load_checkpoint(path, model_.params(), optim_.state(), &model_.buffers());
+    const AveragedWeights averaged = average_ != nullptr ? average_->arenas() : AveragedWeights{};
+    state = load_checkpoint(path, model_.params(), optim_.state(), &model_.buffers(),
+                            average_ != nullptr ? &averaged : nullptr);
   } catch (const Error& e) {
     if (!skip_bad) throw;
     log_.warn("skipping unreadable checkpoint: ", e.what());
@@ -183,14 +191,15 @@ bool Checkpoints::load(const std::string& path, bool skip_bad, CheckpointMeta& s
 
 void Checkpoints::rechoose_best(CheckpointMeta& state) const {
   const size_t n = state.valid_loss.size();
-  const bool have = state.valid_iou.size() == n && state.valid_dice.size() == n;
+  const bool have =
+      state.valid_iou.size() == n && state.valid_dice.size() == n && state.valid_ods.size() == n;
   log_.warn("--best-metric ", opt_.best_metric, " replaces the checkpoint's ", state.best_metric,
             have ? "" : " (no history of it: the best epoch starts over)");
   state.best_epoch = 0;
   double best = 0;
   for (size_t e = 0; have && e < n; ++e) {
-    const double k =
-        best_key(opt_.best_metric, state.valid_loss[e], state.valid_iou[e], state.valid_dice[e]);
+    const double k = best_key(opt_.best_metric, state.valid_loss[e], state.valid_iou[e],
+                              state.valid_dice[e], state.valid_ods[e]);
     if (!std::isfinite(k) || (state.best_epoch != 0 && k >= best)) continue;
     best = k;
     state.best_epoch = int64_t(e) + 1;
@@ -245,7 +254,19 @@ CheckpointMeta Checkpoints::restore_or_init() {
       log_.warn("checkpoint '", resumed_from, "' was trained with another loss (", changes,
                 "); training continues with this run's (give the checkpoint's options to keep it)");
   });
-  broadcast_state(state);
+  // Every rank learns whether rank 0 restored the averages; else they start from the weights.
+  int64_t restored_average = state.has_averaged_weights ? 1 : 0;
+  comm_.broadcast(&restored_average, sizeof restored_average, 0);
+  broadcast_state(state, restored_average != 0);
+  if (average_ == nullptr && restored_average != 0)
+    log_.warn("checkpoint '", resumed_from,
+              "' holds averaged weights, but this run has no --ema: they are not kept");
+  if (average_ != nullptr && restored_average == 0) {
+    if (!resumed_from.empty())
+      log_.warn("checkpoint '", resumed_from,
+                "' holds no averaged weights: --ema starts from its weights");
+    average_->reset();
+  }
   if (!resumed_from.empty())
     log_.info("resumed from epoch ", state.epoch, " (", resumed_from, ", step ", state.step, ")",
               state.epoch_step > 0
@@ -255,7 +276,7 @@ CheckpointMeta Checkpoints::restore_or_init() {
   return state;
 }
 
-void Checkpoints::broadcast_state(CheckpointMeta& state) {
+void Checkpoints::broadcast_state(CheckpointMeta& state, bool with_average) {
   // Rank 0's weights, optimiser state and progress go to every rank (through host memory: once
   // per run).
   for (ParamStore* store : {&model_.params(), &model_.buffers()}) {
@@ -263,8 +284,15 @@ void Checkpoints::broadcast_state(CheckpointMeta& state) {
     comm_.broadcast(store->host_values(), size_t(store->arena_size()) * sizeof(float), 0);
     store->upload();
   }
-  for (const StateArena& arena : optim_.state()) {
-    HostArena host(model_.params(), arena.data);
+  std::vector<std::pair<const ParamStore*, float*>> arenas;
+  for (const StateArena& arena : optim_.state()) arenas.emplace_back(&model_.params(), arena.data);
+  if (average_ != nullptr && with_average) {
+    arenas.emplace_back(&model_.params(), average_->arenas().params);
+    arenas.emplace_back(&model_.buffers(), average_->arenas().buffers);
+  }
+  for (const auto& [store, data] : arenas) {
+    if (store->arena_size() == 0) continue;
+    HostArena host(*store, data);
     host.fetch();
     comm_.broadcast(host.data(), host.bytes(), 0);
     host.store();
@@ -288,7 +316,9 @@ void Checkpoints::check_finite(const CheckpointMeta& state, const std::string& p
 
 void Checkpoints::save(const std::string& path, const CheckpointMeta& state) {
   check_finite(state, path);
-  save_checkpoint(path, model_.params(), optim_.state(), state, &model_.buffers());
+  const AveragedWeights averaged = average_ != nullptr ? average_->arenas() : AveragedWeights{};
+  save_checkpoint(path, model_.params(), optim_.state(), state, &model_.buffers(),
+                  average_ != nullptr ? &averaged : nullptr);
 }
 
 void Checkpoints::write_epoch(const CheckpointMeta& state, bool epoch_file, bool best) {

@@ -10,13 +10,14 @@
 #include "dp/log.hpp"
 #include "dp/model.hpp"
 #include "dp/optim.hpp"
+#include "dp/weight_average.hpp"
 #include "train/options.hpp"
 
 namespace dp::app {
 
-// The --best-metric value (valid_loss, iou or dice) of an epoch, oriented so that lower is better;
-// NaN for an epoch without that metric.
-double best_key(const std::string& metric, double loss, double iou, double dice);
+// The --best-metric value (valid_loss, iou, dice or ods) of an epoch, oriented so that lower is
+// better; NaN for an epoch without that metric.
+double best_key(const std::string& metric, double loss, double iou, double dice, double ods);
 
 // The first tensor of the model's parameters, batch-norm buffers or optimiser state with a NaN or
 // infinite value, as "parameter 'name'", "buffer 'name'" or "<state> of 'name'"; empty if every
@@ -25,16 +26,18 @@ std::string first_nonfinite_tensor(Model& model, Optimizer& optim);
 
 class Checkpoints {
  public:
-  // `model` and `optim` are set up (their arenas exist); `height` x `width` is this run's size.
+  // `model` and `optim` are set up (their arenas exist); `height` x `width` is this run's size;
+  // `average` (--ema, may be null) is written to and restored from every checkpoint.
   Checkpoints(const TrainOptions& options, Comm& comm, Logger log, Model& model, Optimizer& optim,
-              int height, int width);
+              WeightAverage* average, int height, int width);
 
   // The starting state on every rank. Rank 0 chooses it: --resume auto takes the newest
   // checkpoint in --model-dir that reads, verifies and holds only finite values (the others are
   // reported and skipped), --resume PATH that file, --resume never (or nothing found) fresh
   // weights (--init-weights / --encoder-weights); then its weights, buffers, optimiser state and
   // progress are broadcast. A checkpoint of another model, image size or optimiser is a usage
-  // error. Returns the progress (epochs and steps done, histories, best epoch).
+  // error. The weight average starts as the starting weights where there is none to restore.
+  // Returns the progress (epochs and steps done, histories, best epoch).
   CheckpointMeta restore_or_init();
 
   // Rank 0 writes model_epoch_<state.epoch>.h5 (if `epoch_file`) and model_best.h5 (if `best`),
@@ -56,13 +59,15 @@ class Checkpoints {
   // Another --best-metric than the checkpoint's: the best epoch is chosen again from the
   // validation histories.
   void rechoose_best(CheckpointMeta& state) const;
-  void broadcast_state(CheckpointMeta& state);
+  // Rank 0's weights, optimiser state, averages (when it restored them) and progress.
+  void broadcast_state(CheckpointMeta& state, bool with_average);
 
   const TrainOptions& opt_;
   Comm& comm_;
   Logger log_;
   Model& model_;
   Optimizer& optim_;
+  WeightAverage* average_;
   int height_, width_;
 };
 

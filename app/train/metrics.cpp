@@ -43,7 +43,7 @@ double Confusion::recall() const {
 }
 
 bool valid_best_metric(const std::string& name) {
-  return name == "valid_loss" || name == "iou" || name == "dice";
+  return name == "valid_loss" || name == "iou" || name == "dice" || name == "ods";
 }
 
 bool higher_is_better(const std::string& metric) {
@@ -78,7 +78,9 @@ void MetricsCsv::append(const MetricsRow& r) const {
       << field(r.valid_loss) << "," << field(r.iou) << "," << field(r.dice) << ","
       << field(r.precision) << "," << field(r.recall) << "," << field(r.images_per_s) << ","
       << field(r.seconds) << "," << field(r.ods) << "," << field(r.ods_threshold, 3) << ","
-      << field(r.ois) << "," << field(r.ap) << "\n";
+      << field(r.ois) << "," << field(r.ap) << "," << field(r.at_ods.iou) << ","
+      << field(r.at_ods.dice) << "," << field(r.at_ods.precision) << "," << field(r.at_ods.recall)
+      << "," << field(r.cldice) << "\n";
   out.flush();
   DP_CHECK(out.good(), "cannot append to '", path_, "'");
 }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 namespace dp::app {
@@ -16,7 +17,16 @@ struct Confusion {
   double recall() const;     // TP / (TP + FN)
 };
 
-// --best-metric: valid_loss (lower is better), iou or dice (higher is better).
+// A mask's IoU, Dice, precision and recall at one threshold; NaN where not measured.
+struct MaskScores {
+  static constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  double iou = kNaN, dice = kNaN, precision = kNaN, recall = kNaN;
+  static MaskScores of(const Confusion& c) {
+    return {c.iou(), c.dice(), c.precision(), c.recall()};
+  }
+};
+
+// --best-metric: valid_loss (lower is better), iou, dice or ods (higher is better).
 bool valid_best_metric(const std::string& name);
 bool higher_is_better(const std::string& metric);
 
@@ -25,6 +35,8 @@ struct MetricsRow {
   double lr = 0, train_loss = 0, valid_loss = 0, iou = 0, dice = 0, precision = 0, recall = 0;
   double images_per_s = 0, seconds = 0;
   double ods = 0, ods_threshold = 0, ois = 0, ap = 0;  // train/sweep_metrics.hpp
+  MaskScores at_ods{};                                 // the mask at the epoch's ODS threshold
+  double cldice = MaskScores::kNaN;                    // centreline Dice at the threshold
 };
 
 // <model_dir>/metrics.csv, appended by rank 0 after every epoch (header written once). On start
@@ -36,7 +48,7 @@ class MetricsCsv {
   static constexpr const char* kFileName = "metrics.csv";
   static constexpr const char* kHeader =
       "epoch,lr,train_loss,valid_loss,iou,dice,precision,recall,img_per_s,seconds,ods,"
-      "ods_threshold,ois,ap";
+      "ods_threshold,ois,ap,iou_at_ods,dice_at_ods,precision_at_ods,recall_at_ods,cldice";
   MetricsCsv(const std::string& model_dir, int64_t epochs_done);
   void append(const MetricsRow& row) const;
   const std::string& path() const { return path_; }

@@ -55,6 +55,9 @@ std::string TrainOptions::describe() const {
      << "tolerance = " << tolerance << "\n"
      << "val_every = " << val_every << "\n"
      << "best_metric = " << best_metric << "\n"
+     << "patience = " << patience << "\n"
+     << "min_delta = " << min_delta << "\n"
+     << "ema = " << ema << "\n"
      << "pos_weight = " << pos_weight << "\n"
      << "loss = " << loss << "\n"
      << "focal_alpha = " << focal_alpha << "\n"
@@ -264,7 +267,15 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "keep-last", po::value(&o.keep_last)->default_value(o.keep_last),
       "keep only the newest K epoch checkpoints (0: all); model_best.h5 is never deleted")(
       "best-metric", po::value(&o.best_metric)->default_value(o.best_metric),
-      "chooses model_best.h5: valid_loss (lowest), iou or dice (highest)");
+      "chooses model_best.h5: valid_loss (lowest), iou, dice or ods (highest)")(
+      "patience", po::value(&o.patience)->default_value(o.patience),
+      "stop (exit 0) after N validations in a row without a better --best-metric (0: never)")(
+      "min-delta", po::value(&o.min_delta)->default_value(o.min_delta),
+      "early stopping: a better --best-metric must improve on the best by more than this")(
+      "ema", po::value(&o.ema)->default_value(o.ema),
+      "keep an exponential moving average of the weights and batch-norm buffers with this "
+      "decay per optimiser step (e.g. 0.999; 0: off); it is validated, chooses model_best.h5 "
+      "and is what dppredict uses");
   po::options_description output("Output");
   output.add_options()("val-every", po::value(&o.val_every)->default_value(o.val_every),
                        "validate every N epochs (and after the last)")(
@@ -383,8 +394,12 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(o.save_every >= 1, "--save-every must be at least 1, got ", o.save_every);
   require(o.keep_last >= 0, "--keep-last must be >= 0 (0 keeps all), got ", o.keep_last);
   require(o.val_every >= 1, "--val-every must be at least 1, got ", o.val_every);
-  require(valid_best_metric(o.best_metric), "--best-metric must be valid_loss, iou or dice, got '",
-          o.best_metric, "'");
+  require(valid_best_metric(o.best_metric),
+          "--best-metric must be valid_loss, iou, dice or ods, got '", o.best_metric, "'");
+  require(o.patience >= 0, "--patience must be >= 0 validations (0: never stop early), got ",
+          o.patience);
+  require(o.min_delta >= 0, "--min-delta must be >= 0, got ", o.min_delta);
+  require(o.ema >= 0 && o.ema < 1, "--ema must be a decay in [0, 1) (0: off), got ", o.ema);
   require(o.bucket_mb > 0, "--bucket-mb must be positive, got ", o.bucket_mb);
   require(o.progress_us >= 0 && o.progress_us <= 1000000,
           "--progress-us must be between 0 and 1000000, got ", o.progress_us);

@@ -59,7 +59,10 @@ struct TrainOptions {
   double threshold = 0.5;  // for IoU, Dice, precision, recall
   int tolerance = 0;  // pixels: ODS/OIS/AP count a crack pixel this close to a true one as right
   int val_every = 1;  // epochs between validations (and the last epoch)
-  std::string best_metric = "valid_loss";  // valid_loss | iou | dice: chooses model_best.h5
+  std::string best_metric = "valid_loss";  // valid_loss | iou | dice | ods: model_best.h5
+  int patience = 0;      // stop after this many validations without a better best_metric (0: off)
+  double min_delta = 0;  // an improvement of best_metric must exceed this (early stopping)
+  double ema = 0;        // decay of the weights' moving average (0: off)
   std::string pos_weight = "dataset";  // dataset | sqrt | a number > 0 | none (BCE crack pixels)
   std::string loss = "bce+dice";       // bce | dice | bce+dice | focal (docs/real-data.md)
   double focal_alpha = 0.25;           // weight of crack pixels in the focal loss (< 0: none)

@@ -33,7 +33,7 @@ struct Counts {
 }  // namespace
 
 ThresholdSweep::ThresholdSweep(int tolerance)
-    : tolerance_(tolerance), counts_(3 * kBins + 2, 0), sums_(1, 0.0) {
+    : tolerance_(tolerance), counts_(4 * kBins + 2, 0), sums_(1, 0.0) {
   DP_CHECK(tolerance >= 0, "ThresholdSweep: tolerance ", tolerance, " < 0");
 }
 
@@ -84,7 +84,10 @@ void ThresholdSweep::add_bins(const std::vector<uint8_t>& bin, const std::vector
       }
       ++hit[size_t(best)];
     }
-  for (size_t i = 0; i < n; ++i) ++(near_truth[i] ? good : bad)[bin[i]];
+  for (size_t i = 0; i < n; ++i) {
+    ++(near_truth[i] ? good : bad)[bin[i]];
+    if (truth[i]) ++counts_[size_t(3 * kBins + 2 + bin[i])];
+  }
   // This image's best F over the thresholds (suffix sums from the highest threshold down).
   double best_f = 0;
   Counts c;
@@ -121,6 +124,19 @@ void ThresholdSweep::curve(std::vector<double>& precision, std::vector<double>& 
     precision[size_t(k - 1)] = c.good + c.bad > 0 ? double(c.good) / double(c.good + c.bad) : 1.0;
     recall[size_t(k - 1)] = truths > 0 ? double(c.hit) / double(truths) : 0.0;
   }
+}
+
+Confusion ThresholdSweep::confusion_at(double threshold) const {
+  const int k = std::clamp(int(std::lround(threshold * 100.0)), 0, kBins - 1);
+  Confusion c;
+  int64_t predicted = 0;
+  for (int b = k; b < kBins; ++b) {
+    c.tp += counts_[size_t(3 * kBins + 2 + b)];
+    predicted += counts_[size_t(b)] + counts_[size_t(kBins + b)];
+  }
+  c.fp = predicted - c.tp;
+  c.fn = counts_[3 * kBins] - c.tp;
+  return c;
 }
 
 SweepResult ThresholdSweep::result() const {

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "train/metrics.hpp"
+
 namespace dp::app {
 
 struct SweepResult {
@@ -38,6 +40,9 @@ class ThresholdSweep {
   SweepResult result() const;
   // Precision and recall at threshold k / 100, k = 1..99 (index k - 1).
   void curve(std::vector<double>& precision, std::vector<double>& recall) const;
+  // The plain pixel counts (no tolerance) where p >= `threshold`, one of the sweep's k / 100:
+  // IoU, Dice, precision and recall at the ODS threshold.
+  Confusion confusion_at(double threshold) const;
 
   static double threshold(int k) { return double(k) / 100.0; }
 
@@ -48,7 +53,8 @@ class ThresholdSweep {
   int tolerance_;
   // [0, kBins): predicted pixels near a true crack pixel, by probability bin; [kBins, 2 kBins):
   // the other predicted pixels; [2 kBins, 3 kBins): true crack pixels by the highest probability
-  // within the tolerance; [3 kBins]: true crack pixels; [3 kBins + 1]: images.
+  // within the tolerance; [3 kBins]: true crack pixels; [3 kBins + 1]: images; [3 kBins + 2,
+  // 4 kBins + 2): true crack pixels by their own probability bin (no tolerance).
   std::vector<int64_t> counts_;
   std::vector<double> sums_;  // [0]: sum of the images' best F
 };

@@ -22,6 +22,7 @@
 #include "dp/rng.hpp"
 #include "dp/sampler.hpp"
 #include "dp/synth.hpp"
+#include "train/centerline_dice.hpp"
 #include "train/checkpoints.hpp"
 #include "train/loss.hpp"
 #include "train/model_dir_lock.hpp"
@@ -417,6 +418,11 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     lo = data::validation_options(lo);  // data path: no augmentation, centred crop
     if (data::Dataset::has_split(data_path_, "val"))
       val_loader_ = std::make_unique<data::Loader>(data_path_, "val", lo);
+    if (!val_loader_ && opt_.best_metric == "ods") {  // ODS is measured on validation only
+      log_.warn("--best-metric ods: dataset '", data_path_,
+                "' has no validation split; the training loss chooses the best epoch");
+      opt_.best_metric = "valid_loss";
+    }
     height_ = train_loader_->height();
     width_ = train_loader_->width();
     if (val_loader_ && (val_loader_->height() != height_ || val_loader_->width() != width_))
@@ -453,6 +459,8 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
                                " needs a height and width that are multiples of ", multiple));
     model_->setup(opt_.batch_size, height_, width_);
     optim_ = make_optimizer(opt_, model_->params(), *backend_);
+    if (opt_.ema > 0)
+      average_ = std::make_unique<WeightAverage>(*model_, *backend_, float(opt_.ema));
     diff_logits_ = Buffer(static_cast<size_t>(opt_.batch_size) * height_ * width_ * sizeof(float),
                           backend_->device_memory());
     dropout_seeds_.resize(size_t(opt_.batch_size));
@@ -480,6 +488,10 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
       " (params, grads, ", optim_->name(), " state), activations ",
       format_mib(double(model_->activation_bytes())), " (values and gradients ",
       format_mib(double(model_->unshared_activation_bytes())), " without sharing)");
+  if (average_)
+    log_.info("weights: an exponential moving average with decay ", opt_.ema,
+              " per step is validated, chooses ", kBestCheckpointName,
+              " and is stored in every checkpoint beside the raw weights (dppredict uses it)");
   // After every rank has agreed that set-up succeeded: the reducer duplicates the communicator.
   mpi::ReducerOptions ro;
   ro.bucket_mib = opt_.bucket_mb;
@@ -493,8 +505,8 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
           ? str_cat("; ", opt_.accumulation_steps, " micro-batches per step, global batch ",
                     int64_t(opt_.batch_size) * opt_.accumulation_steps * comm_.size())
           : std::string());
-  checkpoints_ =
-      std::make_unique<Checkpoints>(opt_, comm_, log_, *model_, *optim_, height_, width_);
+  checkpoints_ = std::make_unique<Checkpoints>(opt_, comm_, log_, *model_, *optim_, average_.get(),
+                                               height_, width_);
   state_ = checkpoints_->restore_or_init();
   if (opt_.stall_timeout > 0)
     if (auto* mpi_comm = dynamic_cast<mpi::MpiComm*>(&comm_)) {
@@ -671,6 +683,7 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
       if (opt_.clip_grad_norm > 0)  // the reduced, averaged gradients: identical on every rank
         scale_to_max_norm(*backend_, grads, grad_count, grad_norm, opt_.clip_grad_norm);
       optim_->update(lr, state_.step + 1);
+      if (average_) average_->update();
     } else {  // no update; the step's loss and counts are dropped
       on_nonfinite_step(agreed, epoch, step + 1, grad_norm);
       std::copy(step_sums, step_sums + 2, sums);
@@ -755,7 +768,8 @@ EpochMetrics Trainer::validate() {
   double sums[2] = {0, 0};
   int64_t counts[4] = {0, 0, 0, 0};
   ThresholdSweep sweep(opt_.tolerance);
-  std::vector<float> host_logits;  // a device backend's logits, for the sweep
+  CenterlineDice centerline;
+  std::vector<float> host_logits;  // a device backend's logits, for the sweep and clDice
   model_->set_training(false);     // running batch-norm statistics, no dropout
   val_loader_->start(sampler.indices(0), 0);
   while (const data::Batch* b = val_loader_->next()) {
@@ -769,8 +783,11 @@ EpochMetrics Trainer::validate() {
       swept = host_logits.data();
     }
     const int64_t image = int64_t(height_) * width_;
-    for (int i = 0; i < b->n; ++i)
+    for (int i = 0; i < b->n; ++i) {
       sweep.add_image(swept + i * image, b->masks + i * image, height_, width_);
+      centerline.add_image(swept + i * image, b->masks + i * image, height_, width_,
+                           logit_threshold);
+    }
     sums[0] += loss_->sum(*backend_, b->n, int64_t(height_) * width_, logits, in.masks, 0,
                           diff_logits_.f32());
     sums[1] += double(pixels);
@@ -782,9 +799,12 @@ EpochMetrics Trainer::validate() {
   comm_.allreduce_sum(counts, 4);
   comm_.allreduce_sum(sweep.counts().data(), sweep.counts().size());
   comm_.allreduce_sum(sweep.sums().data(), sweep.sums().size());
+  comm_.allreduce_sum(centerline.counts().data(), centerline.counts().size());
   EpochMetrics m = epoch_metrics(sums, counts);
+  m.cldice = centerline.value();
   const SweepResult r = sweep.result();
   m.ods = r.ods, m.ods_threshold = r.ods_threshold, m.ois = r.ois, m.ap = r.ap;
+  if (r.ods_threshold > 0) m.at_ods = MaskScores::of(sweep.confusion_at(r.ods_threshold));
   return m;
 }
 
@@ -798,12 +818,14 @@ bool Trainer::save_epoch(const EpochMetrics& train, const EpochMetrics& valid, d
   state_.valid_precision.push_back(valid.precision);
   state_.valid_recall.push_back(valid.recall);
   state_.valid_ods_threshold.push_back(valid.ods_threshold);
+  state_.valid_ods.push_back(valid.ods);
+  state_.valid_cldice.push_back(valid.cldice);
   state_.epoch_seconds.push_back(seconds);
   // The best epoch by --best-metric among validated ones (`valid` NaN: not validated); without a
   // validation split, by the same metric on the training split.
   // A non-finite score (a diverging validation) is never the best.
   const EpochMetrics& judged = val_loader_ ? valid : train;
-  const double key = best_key(opt_.best_metric, judged.loss, judged.iou, judged.dice);
+  const double key = best_key(opt_.best_metric, judged.loss, judged.iou, judged.dice, judged.ods);
   const double best_so_far =
       higher_is_better(opt_.best_metric) ? -state_.best_score : state_.best_score;
   const bool best = std::isfinite(key) && (state_.best_epoch == 0 || key < best_so_far);
@@ -812,11 +834,22 @@ bool Trainer::save_epoch(const EpochMetrics& train, const EpochMetrics& valid, d
     state_.best_score = higher_is_better(opt_.best_metric) ? -key : key;
     state_.best_epoch = state_.epoch;
   }
+  // Early stopping counts the judged epochs since the metric last improved by more than
+  // --min-delta (kept in the checkpoint: a resumed job stops where an uninterrupted one would).
+  if (std::isfinite(key)) {
+    if (std::isnan(state_.early_stop_key) || key < state_.early_stop_key - opt_.min_delta) {
+      state_.early_stop_key = key;
+      state_.early_stop_wait = 0;
+    } else {
+      ++state_.early_stop_wait;
+    }
+  }
   state_.epoch_step = 0;  // an epoch boundary
   state_.epoch_position = 0;
   state_.epoch_partial.clear();
   stamp_state(lr);
-  const bool due = epoch_checkpoint_due(state_.epoch, opt_.save_every, opt_.epochs);
+  const bool due =
+      epoch_checkpoint_due(state_.epoch, opt_.save_every, opt_.epochs) || stopping_early();
   if (due || best) {
     const auto waiting = watch("checkpoint agreement (rank 0 writes)");
     checkpoints_->write_epoch(state_, due, best);
@@ -838,10 +871,15 @@ void Trainer::log_epoch_events(const EpochMetrics& train, const EpochMetrics& va
                                {"valid/dice", valid.dice},
                                {"valid/precision", valid.precision},
                                {"valid/recall", valid.recall},
+                               {"valid/cldice", valid.cldice},
                                {"valid/ods", valid.ods},
                                {"valid/ods_threshold", valid.ods_threshold},
                                {"valid/ois", valid.ois},
-                               {"valid/ap", valid.ap}});
+                               {"valid/ap", valid.ap},
+                               {"valid_at_ods/iou", valid.at_ods.iou},
+                               {"valid_at_ods/dice", valid.at_ods.dice},
+                               {"valid_at_ods/precision", valid.at_ods.precision},
+                               {"valid_at_ods/recall", valid.at_ods.recall}});
   if (!samples_) return;
   const std::vector<ValidationSamples::Prediction> predictions = samples_->predict(*model_);
   for (size_t k = 0; k < predictions.size(); ++k) {
@@ -946,7 +984,25 @@ void Trainer::save_mid_epoch(int64_t step_in_epoch, int64_t position, std::vecto
             " (resumable: rerun the same command)");
 }
 
+bool Trainer::stopping_early() const {
+  return opt_.patience > 0 && state_.early_stop_wait >= opt_.patience;
+}
+
+std::string Trainer::best_epoch_summary() const {
+  return str_cat(
+      "best epoch ", state_.best_epoch, " (", opt_.best_metric, " ", fixed(state_.best_score, 4),
+      opt_.best_metric == "valid_loss" ? "" : str_cat(", loss ", fixed(state_.best_valid_loss, 4)),
+      ")");
+}
+
 int Trainer::run() {
+  if (stopping_early() && state_.epoch < opt_.epochs) {
+    log_.info("run already stopped early at epoch ", state_.epoch, ": ", best_epoch_summary(), ", ",
+              opt_.model_dir, "/", kBestCheckpointName, "; ", state_.early_stop_wait,
+              " validation(s) without a better ", opt_.best_metric, " (--patience ", opt_.patience,
+              ")");
+    return 0;
+  }
   if (state_.epoch >= opt_.epochs) {
     log_.info("run already complete: ", state_.epoch, " of ", opt_.epochs, " epochs done in ",
               opt_.model_dir, " (best epoch ", state_.best_epoch, ", loss ",
@@ -968,18 +1024,21 @@ int Trainer::run() {
     // --val-every: validate every N epochs and after the last; NaN metrics otherwise.
     const bool validating = (epoch + 1) % opt_.val_every == 0 || epoch + 1 == opt_.epochs;
     EpochMetrics valid;
-    if (validating) {
-      valid = validate();
-    } else {
-      valid.loss = valid.iou = valid.dice = valid.precision = valid.recall =
-          std::numeric_limits<double>::quiet_NaN();
-    }
-    const double seconds = seconds_since(t0) + carried;
+    valid.loss = valid.iou = valid.dice = valid.precision = valid.recall =
+        std::numeric_limits<double>::quiet_NaN();
     const double images_per_s = double(train.samples) / train_seconds;
-    if (tensorboard_) log_epoch_events(train, valid, validating, seconds, images_per_s, lr);
+    double seconds = 0;
+    {  // --ema: the averaged weights are validated and shown
+      const AveragedWeightsScope averaged(average_.get());
+      if (validating) valid = validate();
+      seconds = seconds_since(t0) + carried;
+      if (tensorboard_) log_epoch_events(train, valid, validating, seconds, images_per_s, lr);
+    }
     const bool saved = save_epoch(train, valid, seconds, lr);
-    if (report_)  // rank 0; a report that cannot be written is a warning
+    if (report_) {  // rank 0; a report that cannot be written is a warning
+      const AveragedWeightsScope averaged(average_.get());
       report_->update(*model_, state_, lr, images_per_s, log_);
+    }
     if (comm_.rank() == 0) {  // a row that cannot be written is a warning
       try {
         // Opened at the first finished epoch (a failed start leaves no file); it keeps the rows
@@ -987,21 +1046,33 @@ int Trainer::run() {
         if (!metrics_csv_) metrics_csv_ = std::make_unique<MetricsCsv>(opt_.model_dir, epoch);
         metrics_csv_->append({epoch + 1, lr, train.loss, valid.loss, valid.iou, valid.dice,
                               valid.precision, valid.recall, images_per_s, seconds, valid.ods,
-                              valid.ods_threshold, valid.ois, valid.ap});
+                              valid.ods_threshold, valid.ois, valid.ap, valid.at_ods,
+                              valid.cldice});
       } catch (const std::exception& e) {
         log_.warn(e.what());
       }
     }
     log_.info(
         "epoch ", epoch + 1, "/", opt_.epochs, "  lr ", lr, "  train_loss ", fixed(train.loss, 4),
-        validating ? str_cat("  valid_loss ", fixed(valid.loss, 4), "  valid_iou ",
-                             fixed(valid.iou, 4), "  dice ", fixed(valid.dice, 4), "  precision ",
-                             fixed(valid.precision, 4), "  recall ", fixed(valid.recall, 4),
-                             "  ods ", fixed(valid.ods, 4), " (t ", fixed(valid.ods_threshold, 2),
-                             ")  ois ", fixed(valid.ois, 4), "  ap ", fixed(valid.ap, 4))
-                   : std::string("  (not validated)"),
+        validating
+            ? str_cat("  valid_loss ", fixed(valid.loss, 4), "  valid_iou ", fixed(valid.iou, 4),
+                      "  dice ", fixed(valid.dice, 4), "  precision ", fixed(valid.precision, 4),
+                      "  recall ", fixed(valid.recall, 4), "  cldice ", fixed(valid.cldice, 4),
+                      "  ods ", fixed(valid.ods, 4), " (t ", fixed(valid.ods_threshold, 2),
+                      ")  ois ", fixed(valid.ois, 4), "  ap ", fixed(valid.ap, 4), "  at t ",
+                      fixed(valid.ods_threshold, 2), ": iou ", fixed(valid.at_ods.iou, 4),
+                      "  dice ", fixed(valid.at_ods.dice, 4), "  precision ",
+                      fixed(valid.at_ods.precision, 4), "  recall ", fixed(valid.at_ods.recall, 4))
+            : std::string("  (not validated)"),
         "  ", fixed(seconds, 1), " s  ", fixed(images_per_s, 1), " img/s",
         state_.best_epoch == state_.epoch ? "  *best" : "");
+    if (stopping_early() && epoch + 1 < opt_.epochs) {
+      log_.info("stopped early at epoch ", epoch + 1, ": ", best_epoch_summary(), ", ",
+                opt_.model_dir, "/", kBestCheckpointName, " (", state_.early_stop_wait,
+                " validation(s) without a better ", opt_.best_metric, "; --patience ",
+                opt_.patience, ")");
+      return 0;
+    }
     // A signal during validation or the checkpoint: the epoch checkpoint is the resume point.
     if (epoch + 1 < opt_.epochs && agree_step(state_.step, true, true).preempt) {
       if (!saved) {  // --save-every skipped it: the resume point
@@ -1013,11 +1084,7 @@ int Trainer::run() {
       return kExitPreempted;
     }
   }
-  log_.info(
-      "done: best epoch ", state_.best_epoch, " (", opt_.best_metric, " ",
-      fixed(state_.best_score, 4),
-      opt_.best_metric == "valid_loss" ? "" : str_cat(", loss ", fixed(state_.best_valid_loss, 4)),
-      "), ", opt_.model_dir, "/", kBestCheckpointName);
+  log_.info("done: ", best_epoch_summary(), ", ", opt_.model_dir, "/", kBestCheckpointName);
   if (opt_.bench_step_times) {
     int64_t peak[2] = {peak_rss_bytes(), 0};
     peak[1] = peak[0];

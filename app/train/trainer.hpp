@@ -16,6 +16,7 @@
 #include "dp/model.hpp"
 #include "dp/optim.hpp"
 #include "dp/stall_watchdog.hpp"
+#include "dp/weight_average.hpp"
 #include "train/metrics.hpp"
 #include "train/options.hpp"
 #include "train/progress.hpp"
@@ -42,6 +43,8 @@ struct EpochMetrics {
   double allreduce_wait_ms = 0;  // training: per step, rank 0's wait after backward
   // Validation only: ODS, OIS and AP over the threshold sweep (--tolerance); NaN otherwise.
   double ods = std::numeric_limits<double>::quiet_NaN(), ods_threshold = ods, ois = ods, ap = ods;
+  MaskScores at_ods;       // Validation only: IoU, Dice, precision, recall at ods_threshold
+  double cldice = ods;     // Validation only: centreline Dice of the masks at --threshold
   bool preempted = false;  // training only: stopped mid-epoch by a signal (checkpoint written)
 };
 
@@ -80,6 +83,9 @@ class Trainer {
   // written before the epoch's checkpoint, so a resume from it never repeats them.
   void log_epoch_events(const EpochMetrics& train, const EpochMetrics& valid, bool validated,
                         double seconds, double images_per_s, float lr);
+  // --patience: the validations since the last improvement reached it.
+  bool stopping_early() const;
+  std::string best_epoch_summary() const;  // "best epoch B (metric value[, loss L])"
   // Fills the configuration fields of state_ (model, sizes, world, options) before a save.
   void stamp_state(float lr);
   // What every rank learns at the end of each optimiser step, before its update, from one small
@@ -118,7 +124,8 @@ class Trainer {
   std::string data_path_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
-  std::unique_ptr<Optimizer> optim_;  // --optimizer: SGD or AdamW
+  std::unique_ptr<Optimizer> optim_;        // --optimizer: SGD or AdamW
+  std::unique_ptr<WeightAverage> average_;  // --ema: validated, chooses model_best.h5
   // --device cuda: NCCL communicator, batch uploader. Destroyed before the model's and the
   // optimiser's device memory: freeing memory waits for the device, so after a failure the NCCL
   // communicator must be aborted first (NcclComm does that while an exception unwinds).

@@ -111,7 +111,9 @@ def main():
                "epoch/seconds": "seconds", "valid/loss": "valid_loss", "valid/iou": "iou",
                "valid/dice": "dice", "valid/precision": "precision", "valid/recall": "recall",
                "valid/ods": "ods", "valid/ods_threshold": "ods_threshold", "valid/ois": "ois",
-               "valid/ap": "ap"}
+               "valid/ap": "ap", "valid_at_ods/iou": "iou_at_ods", "valid_at_ods/dice": "dice_at_ods",
+               "valid_at_ods/precision": "precision_at_ods", "valid_at_ods/recall": "recall_at_ods",
+               "valid/cldice": "cldice"}
     for tag, column in columns.items():
         events = run.Scalars(tag)
         expect(steps(events) == epoch_steps, f"{tag}: steps {steps(events)}, expected {epoch_steps}")

@@ -52,6 +52,33 @@ TEST_F(Cli, BadOptionValueIsOneLineAndExit2) {
       << p.output;
 }
 
+// --ema and --patience: a bad value is one usage-error line; a run with both says once that it
+// averages, stops early with one line and exit 0, and a rerun of the same command trains nothing.
+TEST_F(Cli, EmaAndEarlyStopping) {
+  for (const auto& [args, error] :
+       {std::pair{" --ema 1.5",
+                  "dptrain: error: --ema must be a decay in [0, 1) (0: off), got 1.5"},
+        std::pair{" --patience -1",
+                  "dptrain: error: --patience must be >= 0 validations (0: never stop early), "
+                  "got -1"}}) {
+    const auto r = test::run_command(dptrain(2, common() + args));
+    EXPECT_EQ(r.status, 2) << r.output;
+    EXPECT_EQ(count(r.output, "error:"), 1) << r.output;
+    EXPECT_EQ(count(r.output, error), 1) << r.output;
+  }
+  const std::string run = common() + " --epochs 5 --ema 0.9 --patience 1 --min-delta 1e6";
+  auto r = test::run_command(dptrain(2, run));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, "weights: an exponential moving average with decay 0.9"), 1)
+      << r.output;
+  EXPECT_EQ(count(r.output, "stopped early at epoch 2: best epoch "), 1) << r.output;
+  EXPECT_EQ(count(r.output, "epoch 3/5"), 0) << r.output;
+  r = test::run_command(dptrain(2, run));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, "run already stopped early at epoch 2: best epoch "), 1) << r.output;
+  EXPECT_EQ(count(r.output, "epoch 3/5"), 0) << r.output;
+}
+
 // --cpu-conv winograd trains with Winograd where oneDNN has it on this CPU (`isa_cap`: the
 // ONEDNN_MAX_CPU_ISA the ranks run under, "" for none) and is one usage-error line where it has
 // not; `auto` names Winograd as a candidate only where it exists.

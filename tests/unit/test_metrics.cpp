@@ -78,6 +78,39 @@ TEST(Metrics, ThresholdSweepMatchesTheReference) {
   }
 }
 
+// IoU, Dice, precision and recall at the ODS threshold: plain pixel counts whatever the sweep's
+// tolerance, equal to counting p >= t directly, and the same from two halves (two ranks).
+TEST(Metrics, ConfusionAtAThresholdCountsPixelsWithoutTolerance) {
+  const test::Golden g{std::string(DP_GOLDEN_DIR) + "/sweep_metrics.h5"};
+  const std::vector<float> logits = g.read("logits"), mask = g.read("mask");
+  const std::vector<int64_t> shape = g.shape("logits");
+  const int n = int(shape[0]), h = int(shape[1]), w = int(shape[2]);
+  const size_t image = size_t(h) * size_t(w);
+  app::ThresholdSweep all(2), first(2), second(2);
+  for (int i = 0; i < n; ++i) {
+    all.add_image(logits.data() + i * image, mask.data() + i * image, h, w);
+    (i < n / 2 ? first : second)
+        .add_image(logits.data() + i * image, mask.data() + i * image, h, w);
+  }
+  for (size_t k = 0; k < first.counts().size(); ++k) first.counts()[k] += second.counts()[k];
+  for (const double t : {0.01, 0.3, 0.5, 0.77, 0.99}) {
+    app::Confusion want;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      const bool predicted = 1.0 / (1.0 + std::exp(-double(logits[i]))) >= t;
+      const bool crack = mask[i] > 0.5f;
+      want.tp += predicted && crack;
+      want.fp += predicted && !crack;
+      want.fn += !predicted && crack;
+    }
+    for (const app::ThresholdSweep* s : {&all, &first}) {
+      const app::Confusion got = s->confusion_at(t);
+      EXPECT_EQ(got.tp, want.tp) << "t " << t;
+      EXPECT_EQ(got.fp, want.fp) << "t " << t;
+      EXPECT_EQ(got.fn, want.fn) << "t " << t;
+    }
+  }
+}
+
 TEST(Metrics, CsvHeaderOnceAndRowsKeptInStepWithTheCheckpoint) {
   test::TempDir dir;
   {
@@ -89,8 +122,8 @@ TEST(Metrics, CsvHeaderOnceAndRowsKeptInStepWithTheCheckpoint) {
   auto l = lines(dir.file("metrics.csv"));
   ASSERT_EQ(l.size(), 3u);
   EXPECT_EQ(l[0], app::MetricsCsv::kHeader);
-  EXPECT_EQ(l[1], "1,0.05,0.7,0.6,0.1,0.2,0.3,0.4,50,1.5,0.45,0.3,0.5,0.35");
-  EXPECT_EQ(l[2], "2,0.05,0.6,,,,,,50,1.5,,,,");  // not validated: empty fields
+  EXPECT_EQ(l[1], "1,0.05,0.7,0.6,0.1,0.2,0.3,0.4,50,1.5,0.45,0.3,0.5,0.35,,,,,");
+  EXPECT_EQ(l[2], "2,0.05,0.6,,,,,,50,1.5,,,,,,,,,");  // not validated: empty fields
   // Resuming from epoch 1 drops epoch 2's row; a fresh start (0 done) keeps only the header.
   app::MetricsCsv(dir.path(), 1).append({2, 0.05, 0.5, 0.4, 0.1, 0.2, 0.3, 0.4, 60.0, 1.0});
   l = lines(dir.file("metrics.csv"));
@@ -106,7 +139,7 @@ TEST(Metrics, CsvHeaderOnceAndRowsKeptInStepWithTheCheckpoint) {
   l = lines(dir.file("metrics.csv"));
   ASSERT_EQ(l.size(), 2u);
   EXPECT_EQ(l[0], app::MetricsCsv::kHeader);
-  EXPECT_EQ(l[1], "1,0.05,0.7,0.6,0.1,0.2,0.3,0.4,50,1.5,,,,");
+  EXPECT_EQ(l[1], "1,0.05,0.7,0.6,0.1,0.2,0.3,0.4,50,1.5,,,,,,,,,");
 }
 
 TEST(Metrics, CheckpointKeepsBestMetricHistoriesAndMidEpochPosition) {

@@ -340,7 +340,7 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   //    the validation files split across two ranks, the sums printed by rank 0.
   const CheckpointMeta meta = read_checkpoint_meta(checkpoint_);
   ASSERT_EQ(meta.valid_iou.size(), 1u);
-  auto r = test::run_command(dppredict(2, "--dataset " + data_ + " -q"));
+  auto r = test::run_command(dppredict(2, "--dataset " + data_ + " -q --threshold 0.5"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(r.output, "metrics on"), 1) << r.output;  // rank 0 only
   EXPECT_NE(r.output.find("(8 images, 32768 pixels, threshold 0.5)"), std::string::npos)
@@ -349,7 +349,8 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   // Winograd kernels (oneDNN's on AVX-512, else the backend's own on GEMMs) change only the last
   // bits of the logits: the same IoU but for a pixel within rounding of the threshold.
   const std::string winograd = cpu_winograd_support().empty() ? "winograd" : "gemm-winograd";
-  r = test::run_command(dppredict(2, "--dataset " + data_ + " -q --cpu-conv " + winograd));
+  r = test::run_command(
+      dppredict(2, "--dataset " + data_ + " -q --threshold 0.5 --cpu-conv " + winograd));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NEAR(printed(r.output, "iou"), meta.valid_iou[0], 0.02) << r.output;
 
@@ -390,6 +391,7 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   o.checkpoint = checkpoint_;
   o.dataset = data_;
   o.split = "val";
+  o.threshold_rule = app::PredictOptions::ThresholdRule::kValue;
   o.threshold = threshold;
   o.quiet = true;
   app::SegmentationMetrics m;
@@ -422,7 +424,8 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
 // --precision bf16: the probabilities of the fp32 model with bf16 activations differ from fp32's
 // by bf16 rounding only (measured 4.1e-4 here), and the command line accepts it.
 // --threshold ods: the threshold of the validation's best F-measure, recorded by dptrain for the
-// checkpoint's epoch; dppredict's own sweep over the same split finds the same one.
+// checkpoint's epoch; dppredict's own sweep over the same split finds the same one. --threshold
+// auto (the default) uses it too, and 0.5 where none was recorded.
 TEST_F(Predict, ThresholdOdsIsTheOneTheValidationRecorded) {
   const CheckpointMeta meta = read_checkpoint_meta(checkpoint_);
   ASSERT_EQ(meta.valid_ods_threshold.size(), 1u);
@@ -442,10 +445,24 @@ TEST_F(Predict, ThresholdOdsIsTheOneTheValidationRecorded) {
   r = test::run_command(dppredict(2, "--dataset " + data_ + " -q --threshold 0.5"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(r.output,
-                  "dppredict: threshold 0.5; the checkpoint's validation had its best "
+                  "; threshold 0.5 (--threshold; the checkpoint's validation had its best "
                   "F-measure at "),
             1)
       << r.output;
+  // The default, --threshold auto, masks at the recorded threshold and says why.
+  r = test::run_command(dppredict(2, "--dataset " + data_ + " -q"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_TRUE(std::regex_search(
+      r.output, used,
+      std::regex("; threshold ([0-9.]+) \\(--threshold auto: the validation ODS threshold of "
+                 "epoch 1\\)")))
+      << r.output;
+  EXPECT_NEAR(std::stod(used[1]), recorded, 1e-6) << r.output;
+  EXPECT_EQ(count(r.output, "--threshold auto"), 1) << r.output;  // once, by rank 0
+  std::smatch masked;
+  ASSERT_TRUE(std::regex_search(r.output, masked, std::regex("pixels, threshold ([0-9.]+)\\)")))
+      << r.output;
+  EXPECT_NEAR(std::stod(masked[1]), recorded, 1e-6) << r.output;
 
   // A checkpoint without the record (an older dptrain's): one usage-error line.
   const std::string old = dir_->file("old.h5");
@@ -462,6 +479,52 @@ TEST_F(Predict, ThresholdOdsIsTheOneTheValidationRecorded) {
                           "' records no validation ODS threshold for its epoch 1"),
             std::string::npos)
       << r.output;
+  // --threshold auto on it: 0.5, said once.
+  r = test::run_command(mpi(2, DP_DPPREDICT, "-c " + old + " --dataset " + data_ + " -q"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output,
+                  "; threshold 0.5 (--threshold auto: the checkpoint records no validation ODS "
+                  "threshold for its epoch 1)"),
+            1)
+      << r.output;
+  EXPECT_NE(r.output.find("pixels, threshold 0.5)"), std::string::npos) << r.output;
+}
+
+// A checkpoint with averaged weights (dptrain --ema): dppredict runs them, --raw-weights the raw
+// ones, and the start-up line says which.
+TEST_F(Predict, AveragedWeightsAreTheDefaultAndRawWeightsAFlag) {
+  auto be = make_cpu_backend();
+  ModelConfig mc;
+  mc.width_divisor = 16;
+  auto m = make_model(mc, *be);
+  const CheckpointMeta meta =
+      load_checkpoint(checkpoint_, m->params(), OptimizerState{}, &m->buffers());
+  const size_t n = size_t(m->params().arena_size());
+  const std::vector<float> raw(m->params().values(), m->params().values() + n);
+  std::vector<float> averaged(raw), buffers(size_t(m->buffers().arena_size()));
+  for (float& v : averaged) v *= 0.5f;
+  const std::string path = dir_->file("ema.h5");
+  const AveragedWeights arenas{averaged.data(), buffers.data()};
+  save_checkpoint(path, m->params(), OptimizerState{}, meta, &m->buffers(), &arenas);
+  for (const bool use_raw : {false, true}) {
+    app::PredictorOptions po;
+    po.raw_weights = use_raw;
+    app::Predictor p(path, po);
+    EXPECT_EQ(p.averaged(), !use_raw);
+    const float* v = p.model().params().values();
+    EXPECT_EQ(std::vector<float>(v, v + n), use_raw ? raw : averaged) << "raw " << use_raw;
+  }
+  auto r = test::run_command(mpi(1, DP_DPPREDICT, "-c " + path + " --dataset " + data_ + " -q"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, "(its averaged weights, dptrain --ema)"), 1) << r.output;
+  r = test::run_command(
+      mpi(1, DP_DPPREDICT, "-c " + path + " --dataset " + data_ + " -q --raw-weights"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, "(its raw weights, --raw-weights)"), 1) << r.output;
+  // A checkpoint without them: neither is said.
+  r = test::run_command(dppredict(1, "--dataset " + data_ + " -q"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, "weights, "), 0) << r.output;
 }
 
 TEST_F(Predict, Bf16ProbabilitiesFollowFp32) {
@@ -508,7 +571,8 @@ TEST_F(Predict, ImagesOfAnySizeAndFormatGiveMasksOfTheirSize) {
   std::ofstream(in + "/notes.txt") << "not an image, not listed";
   std::ofstream(in + "/._big.png") << "macOS metadata, hidden, not listed";
 
-  const auto r = test::run_command(dppredict(2, "-o " + out + " --overlay --save-prob " + in));
+  const auto r =
+      test::run_command(dppredict(2, "-o " + out + " --overlay --save-prob --threshold 0.5 " + in));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("3 image(s) on 2 rank(s)"), std::string::npos) << r.output;
   const std::map<std::string, std::pair<int, int>> expected = {
