@@ -30,7 +30,7 @@ std::vector<double> pack(const CheckpointMeta& m) {
   v.insert(v.end(), m.epoch_partial.begin(), m.epoch_partial.end());
   v.push_back(m.best_score);
   for (const auto* h : {&m.valid_dice, &m.valid_precision, &m.valid_recall, &m.valid_ods_threshold,
-                        &m.valid_ods, &m.valid_cldice}) {
+                        &m.valid_ods, &m.valid_iou_at_ods, &m.valid_cldice}) {
     v.push_back(double(h->size()));
     v.insert(v.end(), h->begin(), h->end());
   }
@@ -57,7 +57,7 @@ void unpack(const std::vector<double>& v, CheckpointMeta& m) {
   at += 3 + size_t(partial);
   m.best_score = v[at++];
   for (auto* h : {&m.valid_dice, &m.valid_precision, &m.valid_recall, &m.valid_ods_threshold,
-                  &m.valid_ods, &m.valid_cldice}) {
+                  &m.valid_ods, &m.valid_iou_at_ods, &m.valid_cldice}) {
     const auto count = static_cast<size_t>(v[at++]);
     h->assign(v.begin() + static_cast<ptrdiff_t>(at),
               v.begin() + static_cast<ptrdiff_t>(at + count));
@@ -258,11 +258,11 @@ CheckpointMeta Checkpoints::restore_or_init() {
   int64_t restored_average = state.has_averaged_weights ? 1 : 0;
   comm_.broadcast(&restored_average, sizeof restored_average, 0);
   broadcast_state(state, restored_average != 0);
-  if (average_ == nullptr && restored_average != 0)
+  if (average_ == nullptr && restored_average != 0 && comm_.rank() == 0)
     log_.warn("checkpoint '", resumed_from,
               "' holds averaged weights, but this run has no --ema: they are not kept");
   if (average_ != nullptr && restored_average == 0) {
-    if (!resumed_from.empty())
+    if (!resumed_from.empty())  // rank 0's knowledge
       log_.warn("checkpoint '", resumed_from,
                 "' holds no averaged weights: --ema starts from its weights");
     average_->reset();

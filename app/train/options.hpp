@@ -59,7 +59,7 @@ struct TrainOptions {
   double threshold = 0.5;  // for IoU, Dice, precision, recall
   int tolerance = 0;  // pixels: ODS/OIS/AP count a crack pixel this close to a true one as right
   int val_every = 1;  // epochs between validations (and the last epoch)
-  std::string best_metric = "valid_loss";  // valid_loss | iou | dice | ods: model_best.h5
+  std::string best_metric = "ods";  // valid_loss | iou | dice | ods: model_best.h5 (DESIGN)
   int patience = 0;      // stop after this many validations without a better best_metric (0: off)
   double min_delta = 0;  // an improvement of best_metric must exceed this (early stopping)
   double ema = 0;        // decay of the weights' moving average (0: off)

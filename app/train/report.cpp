@@ -300,6 +300,13 @@ std::string TrainingReport::html(const CheckpointMeta& state) const {
   const int64_t epochs = int64_t(state.train_loss.size());
   const auto n = size_t(epochs);
   std::vector<double> valid_loss(n, kNaN), iou(n, kNaN), dice(n, kNaN), lr(n, kNaN), speed(n, kNaN);
+  // Recorded since 2026-12-02 (NaN before): ODS, IoU at its threshold, clDice.
+  const auto history = [n](const std::vector<double>& h) {
+    return h.size() == n ? h : std::vector<double>(n, kNaN);
+  };
+  const std::vector<double> ods = history(state.valid_ods),
+                            iou_at_ods = history(state.valid_iou_at_ods),
+                            cldice = history(state.valid_cldice);
   for (int64_t e = 1; e <= epochs; ++e) {
     const size_t i = size_t(e - 1);
     if (has_val_) {  // NaN for epochs that were not validated (--val-every)
@@ -362,15 +369,18 @@ pre { background: #f6f6f6; padding: 8px; font-size: 12px; }
                             : str_cat(" (loss ", fixed(state.best_valid_loss, 4), ")")));
   if (epochs > 0) {
     const size_t i = size_t(epochs - 1);
-    row("last epoch", str_cat("train loss ", fixed(state.train_loss[i], 4),
-                              !has_val_ ? std::string(", no validation split")
-                              : std::isnan(valid_loss[i])
-                                  ? std::string(", not validated")
-                                  : str_cat(", valid loss ", fixed(valid_loss[i], 4), ", IoU ",
-                                            fixed(iou[i], 4), ", Dice ", fixed(dice[i], 4)),
-                              ", lr ", num(lr[i], "%.4g"),
-                              std::isfinite(speed[i]) ? str_cat(", ", fixed(speed[i], 1), " img/s")
-                                                      : std::string()));
+    row("last epoch",
+        str_cat(
+            "train loss ", fixed(state.train_loss[i], 4),
+            !has_val_ ? std::string(", no validation split")
+            : std::isnan(valid_loss[i])
+                ? std::string(", not validated")
+                : str_cat(", valid loss ", fixed(valid_loss[i], 4), ", IoU ", fixed(iou[i], 4),
+                          ", Dice ", fixed(dice[i], 4), ", clDice ", fixed(cldice[i], 4), ", ODS ",
+                          fixed(ods[i], 4), " (IoU at its threshold ", fixed(iou_at_ods[i], 4),
+                          ")"),
+            ", lr ", num(lr[i], "%.4g"),
+            std::isfinite(speed[i]) ? str_cat(", ", fixed(speed[i], 1), " img/s") : std::string()));
   }
   h += "</table>\n<h2>Curves</h2>\n<div class=\"charts\">\n";
   std::vector<ChartSeries> loss{{"train_loss", "train loss", kTrainColor, state.train_loss}};
@@ -381,6 +391,13 @@ pre { background: #f6f6f6; padding: 8px; font-size: 12px; }
         str_cat("Validation IoU and Dice (threshold ", opt_.threshold, ")"),
         {{"valid_iou", "IoU", kValidColor, iou}, {"valid_dice", "Dice", kDiceColor, dice}}, epochs,
         state.best_epoch, std::make_pair(0.0, 1.0));
+  if (has_val_)
+    h += svg_line_chart("ODS (--tolerance " + std::to_string(opt_.tolerance) +
+                            "), IoU at the ODS threshold, clDice",
+                        {{"valid_ods", "ODS", kValidColor, ods},
+                         {"valid_iou_at_ods", "IoU at ODS t", kDiceColor, iou_at_ods},
+                         {"valid_cldice", "clDice", kTrainColor, cldice}},
+                        epochs, state.best_epoch, std::make_pair(0.0, 1.0));
   h += svg_line_chart("Learning rate", {{"lr", "lr", kLrColor, lr}}, epochs);
   h += svg_line_chart("Throughput (training images/s)",
                       {{"throughput", "img/s", kSpeedColor, speed}}, epochs);

@@ -419,7 +419,7 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     if (data::Dataset::has_split(data_path_, "val"))
       val_loader_ = std::make_unique<data::Loader>(data_path_, "val", lo);
     if (!val_loader_ && opt_.best_metric == "ods") {  // ODS is measured on validation only
-      log_.warn("--best-metric ods: dataset '", data_path_,
+      log_.info("--best-metric ods: dataset '", data_path_,
                 "' has no validation split; the training loss chooses the best epoch");
       opt_.best_metric = "valid_loss";
     }
@@ -819,6 +819,7 @@ bool Trainer::save_epoch(const EpochMetrics& train, const EpochMetrics& valid, d
   state_.valid_recall.push_back(valid.recall);
   state_.valid_ods_threshold.push_back(valid.ods_threshold);
   state_.valid_ods.push_back(valid.ods);
+  state_.valid_iou_at_ods.push_back(valid.at_ods.iou);
   state_.valid_cldice.push_back(valid.cldice);
   state_.epoch_seconds.push_back(seconds);
   // The best epoch by --best-metric among validated ones (`valid` NaN: not validated); without a

@@ -95,6 +95,7 @@ void write_meta(h5::Location& root, const CheckpointMeta& m) {
   root.set_attr("history_valid_recall", m.valid_recall);
   root.set_attr("history_valid_ods_threshold", m.valid_ods_threshold);
   root.set_attr("history_valid_ods", m.valid_ods);
+  root.set_attr("history_valid_iou_at_ods", m.valid_iou_at_ods);
   root.set_attr("history_valid_cldice", m.valid_cldice);
   root.set_attr("early_stop_wait", m.early_stop_wait);
   root.set_attr("early_stop_key", m.early_stop_key);
@@ -146,6 +147,7 @@ CheckpointMeta read_meta(const h5::Location& root) {
   };
   m.valid_ods_threshold = history_or_nan("history_valid_ods_threshold");
   m.valid_ods = history_or_nan("history_valid_ods");
+  m.valid_iou_at_ods = history_or_nan("history_valid_iou_at_ods");
   m.valid_cldice = history_or_nan("history_valid_cldice");
   if (root.has_attr("early_stop_wait")) {
     m.early_stop_wait = root.attr_int("early_stop_wait");

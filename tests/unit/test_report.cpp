@@ -222,7 +222,8 @@ class ReportRun : public ::testing::Test {
     EXPECT_TRUE(std::filesystem::exists(path));
     const std::string html = read_text(path);
     EXPECT_EQ(check_well_formed(html), "");
-    for (const char* s : {"train_loss", "valid_loss", "valid_iou", "valid_dice", "lr"})
+    for (const char* s : {"train_loss", "valid_loss", "valid_iou", "valid_dice", "valid_ods",
+                          "valid_iou_at_ods", "valid_cldice", "lr"})
       EXPECT_EQ(points(html, s), epochs) << s;
     // Self-contained: no reference to anything outside the file.
     EXPECT_EQ(count(html, "http"), count(html, "xmlns=\"http://www.w3.org/2000/svg\""));

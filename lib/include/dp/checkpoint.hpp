@@ -40,9 +40,9 @@ struct CheckpointMeta {
   // Also one per epoch (NaN without validation): the threshold of the validation's ODS F-measure
   // (dppredict --threshold ods); NaN for the epochs of files written before it was recorded.
   std::vector<double> valid_ods_threshold;
-  // Also one per epoch, NaN likewise: the validation's ODS F-measure (--best-metric ods) and its
-  // centreline Dice (clDice) at the threshold.
-  std::vector<double> valid_ods, valid_cldice;
+  // Also one per epoch, NaN likewise: the validation's ODS F-measure (--best-metric ods), its
+  // IoU at the ODS threshold and its centreline Dice (clDice) at the threshold.
+  std::vector<double> valid_ods, valid_iou_at_ods, valid_cldice;
   // Early stopping (--patience): validated epochs since --best-metric last improved by more than
   // --min-delta, and its value then (oriented lower-is-better; NaN: none yet). Files written
   // before it was recorded read as the epochs since best_epoch and the best score.
