@@ -211,20 +211,23 @@ void save_checkpoint(const std::string& path, const ParamStore& params, const Op
         sum = checksum_update(sum, kBuffersGroup + "/" + b->name, v, b->numel);
       }
     }
+    // An arena of `store`'s layout as `group`<name> datasets, chained into the checksum.
+    auto write_arena = [&](const ParamStore& store, const float* arena, const std::string& group) {
+      HostArena host(store, arena);
+      host.fetch();
+      for (const ParamView* p : by_name(store)) {
+        const float* v = host.data() + p->offset;
+        h5::Dataset::create(file, group + p->name, h5::Type::kFloat32, p->shape).write(v);
+        sum = checksum_update(sum, group + p->name, v, p->numel);
+      }
+    };
     std::string names;
     for (const StateArena& arena : state) {
       DP_CHECK(arena.data != nullptr && !arena.name.empty() &&
                    arena.name.find(kStateNameSeparator) == std::string::npos,
                "save_checkpoint: bad optimizer state arena '", arena.name, "'");
       names += (names.empty() ? "" : std::string(1, kStateNameSeparator)) + arena.name;
-      const std::string group = kOptimGroup + arena.name + "/";
-      HostArena state_values(params, arena.data);
-      state_values.fetch();
-      for (const ParamView* p : by_name(params)) {
-        const float* m = state_values.data() + p->offset;
-        h5::Dataset::create(file, group + p->name, h5::Type::kFloat32, p->shape).write(m);
-        sum = checksum_update(sum, group + p->name, m, p->numel);
-      }
+      write_arena(params, arena.data, kOptimGroup + arena.name + "/");
     }
     if (averaged != nullptr) {  // after the optimiser state in the checksum
       for (const auto& [store, arena, group] :
@@ -232,13 +235,7 @@ void save_checkpoint(const std::string& path, const ParamStore& params, const Op
             std::tuple{buffers, averaged->buffers, kAveragedBuffersGroup}}) {
         if (store == nullptr || store->views().empty()) continue;
         DP_CHECK(arena != nullptr, "save_checkpoint: no averaged arena for ", group);
-        HostArena host(*store, arena);
-        host.fetch();
-        for (const ParamView* p : by_name(*store)) {
-          const float* v = host.data() + p->offset;
-          h5::Dataset::create(file, group + p->name, h5::Type::kFloat32, p->shape).write(v);
-          sum = checksum_update(sum, group + p->name, v, p->numel);
-        }
+        write_arena(*store, arena, group);
       }
     }
     write_meta(file, meta);
@@ -334,15 +331,11 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
     DP_CHECK(buffers == nullptr || buffers->views().empty(), "checkpoint '", path,
              "' holds no batch-norm statistics, but the model has ", buffers->views().size());
   }
-  // The checksum covers the state too, so all of it is read, in the file's order (into the
-  // caller's arena or a scratch buffer).
-  for (const std::string& name : stored_state) {
-    float* arena = nullptr;
-    for (const StateArena& a : state)
-      if (a.name == name) arena = staged.emplace_back(params, a.data).data();
-    const std::string group = kOptimGroup + name + "/";
-    for (const ParamView* p : by_name(params)) {
-      float* dst = arena != nullptr ? arena + p->offset : nullptr;
+  // The `group`<name> datasets of an arena of `store`'s layout, chained into the checksum: into
+  // `host` (a staged arena) or, read only for the checksum, a scratch buffer when it is null.
+  auto read_arena = [&](const ParamStore& store, float* host, const std::string& group) {
+    for (const ParamView* p : by_name(store)) {
+      float* dst = host != nullptr ? host + p->offset : nullptr;
       if (dst == nullptr) {
         scratch.resize(static_cast<size_t>(p->numel));
         dst = scratch.data();
@@ -350,6 +343,13 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
       load(group + p->name, *p, dst);
       sum = checksum_update(sum, group + p->name, dst, p->numel);
     }
+  };
+  // The checksum covers the state too, so all of it is read, in the file's order.
+  for (const std::string& name : stored_state) {
+    float* arena = nullptr;
+    for (const StateArena& a : state)
+      if (a.name == name) arena = staged.emplace_back(params, a.data).data();
+    read_arena(params, arena, kOptimGroup + name + "/");
   }
   // Averaged weights: into the caller's arenas or, for the checksum, a scratch buffer.
   if (meta.has_averaged_weights) {
@@ -365,16 +365,8 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
         continue;
       }
       if (store->views().empty()) continue;
-      float* host = arena != nullptr ? staged.emplace_back(*store, arena).data() : nullptr;
-      for (const ParamView* p : by_name(*store)) {
-        float* dst = host != nullptr ? host + p->offset : nullptr;
-        if (dst == nullptr) {
-          scratch.resize(static_cast<size_t>(p->numel));
-          dst = scratch.data();
-        }
-        load(group + p->name, *p, dst);
-        sum = checksum_update(sum, group + p->name, dst, p->numel);
-      }
+      read_arena(*store, arena != nullptr ? staged.emplace_back(*store, arena).data() : nullptr,
+                 group);
     }
   }
   DP_CHECK(file.attr_string("checksum") == hex(sum), "checkpoint '", path,

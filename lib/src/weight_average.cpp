@@ -1,7 +1,7 @@
 // The moving average of a model's weights: arenas beside the model's, updated by backend ops.
 #include "dp/weight_average.hpp"
 
-#include <algorithm>
+#include <utility>
 
 #include "dp/error.hpp"
 
