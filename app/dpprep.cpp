@@ -21,25 +21,22 @@
 #include "dp/error.hpp"
 #include "dp/prepare.hpp"
 #include "dp/synth.hpp"
+#include "exit_codes.hpp"
 #include "placeholders.hpp"
+#include "progress.hpp"
 
 namespace po = boost::program_options;
 
 namespace {
 
-constexpr int kExitOk = 0;
-constexpr int kExitRuntime = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitSignalBase = 128;  // exit code of a run stopped by signal s: 128 + s
-constexpr int kMaxSide = 16384;       // px: larger images are surely a typo
+using dp::app::kExitFailure;
+using dp::app::kExitOk;
+using dp::app::kExitSignalBase;
+using dp::app::kExitUsage;
+using dp::app::UsageError;
+constexpr int kMaxSide = 16384;  // px: larger images are surely a typo
 constexpr const char* kProgram = "dpprep";
 constexpr int kCommandColumn = 10;  // width of the command names in --help
-
-// A mistake in the command line (exit code 2), as opposed to a failure while running (1).
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // Set by SIGINT/SIGTERM; the progress callback turns it into an exception, so the dataset writer
 // removes its temporary file on the way out.
@@ -68,67 +65,42 @@ void catch_interrupts() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-// Progress of a long phase: a bar redrawn in place when stdout is a terminal, otherwise a plain
-// line every tenth (only for runs long enough to need it).
+// Progress of a long phase (dp::app::CountProgress), which also turns a SIGINT/SIGTERM into an
+// exception.
 class Progress {
  public:
-  Progress() : tty_(::isatty(STDOUT_FILENO) == 1) {}
-  ~Progress() { end_line(); }
-  Progress(const Progress&) = delete;
-  Progress& operator=(const Progress&) = delete;
+  Progress() : count_(true, kMinTotalForLines, bar, line) {}
 
   void operator()(const char* phase, int64_t done, int64_t total) {
     if (g_signal != 0) throw Interrupted(g_signal);
-    if (phase != phase_) {
-      end_line();
-      phase_ = phase;
-      start_ = Clock::now();
-      shown_ = -1;
-    }
-    const int64_t step = total > 0 ? done * kSteps / total : kSteps;
-    if (step == shown_) return;
-    shown_ = step;
-    const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-    const double rate = seconds > 0 ? static_cast<double>(done) / seconds : 0.0;
-    if (tty_) {
-      const int filled = static_cast<int>(step * kBarWidth / kSteps);
-      // The rate settles after a moment; before that it would be noise.
-      const std::string rate_text =
-          seconds >= kMinRateSeconds ? dp::str_cat(static_cast<int64_t>(rate), " img/s") : "";
-      std::printf("\r%-13s [%s%s] %lld/%lld %5.1f%% %-12s", phase,
-                  std::string(static_cast<size_t>(filled), '#').c_str(),
-                  std::string(static_cast<size_t>(kBarWidth - filled), '.').c_str(),
-                  static_cast<long long>(done), static_cast<long long>(total),
-                  100.0 * static_cast<double>(step) / kSteps, rate_text.c_str());
-      std::fflush(stdout);
-      open_line_ = true;
-    } else if (total >= kMinTotalForLines && step % (kSteps / kLines) == 0 && step > 0) {
-      std::printf("%s: %s %lld/%lld (%.0f%%, %.0f img/s)\n", kProgram, phase,
-                  static_cast<long long>(done), static_cast<long long>(total),
-                  100.0 * static_cast<double>(step) / kSteps, rate);
-      std::fflush(stdout);
-    }
+    count_.update(phase, done, total);
   }
-
-  void end_line() {
-    if (!open_line_) return;
-    std::printf("\n");
-    std::fflush(stdout);
-    open_line_ = false;
-  }
+  void end_line() { count_.end_line(); }
 
  private:
-  using Clock = std::chrono::steady_clock;
-  static constexpr int64_t kSteps = 1000;  // resolution of the bar (per mille)
-  static constexpr int kBarWidth = 30;
-  static constexpr int64_t kLines = 10;  // plain lines per phase
   static constexpr int64_t kMinTotalForLines = 200;
-  static constexpr double kMinRateSeconds = 0.2;
-  bool tty_;
-  bool open_line_ = false;
-  std::string phase_;
-  Clock::time_point start_;
-  int64_t shown_ = -1;
+  static constexpr double kMinRateSeconds = 0.2;  // the rate settles after a moment
+  using State = dp::app::CountProgress::State;
+  static std::string bar(const State& s) {
+    const std::string rate =
+        s.seconds >= kMinRateSeconds ? dp::str_cat(static_cast<int64_t>(s.rate), " img/s") : "";
+    char text[256];
+    std::snprintf(text, sizeof text, "%-13s [%s] %lld/%lld %5.1f%% %-12s", s.phase.c_str(),
+                  dp::app::progress_bar(double(s.per_mille) / dp::app::CountProgress::kPerMille,
+                                        dp::app::CountProgress::kBarWidth)
+                      .c_str(),
+                  static_cast<long long>(s.done), static_cast<long long>(s.total),
+                  100.0 * double(s.per_mille) / dp::app::CountProgress::kPerMille, rate.c_str());
+    return text;
+  }
+  static std::string line(const State& s) {
+    char text[256];
+    std::snprintf(text, sizeof text, "%s: %s %lld/%lld (%.0f%%, %.0f img/s)", kProgram,
+                  s.phase.c_str(), static_cast<long long>(s.done), static_cast<long long>(s.total),
+                  100.0 * double(s.per_mille) / dp::app::CountProgress::kPerMille, s.rate);
+    return text;
+  }
+  dp::app::CountProgress count_;
 };
 
 // One subcommand: its name, a one-line summary for `dpprep --help` and its entry point, which
@@ -497,6 +469,6 @@ int main(int argc, char** argv) {
     return kExitUsage;
   } catch (const std::exception& e) {
     print_error(e.what());
-    return kExitRuntime;
+    return kExitFailure;
   }
 }

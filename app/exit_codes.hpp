@@ -1,5 +1,8 @@
-// Exit statuses of dptrain, dppredict and dpprep: one table, each value with one meaning.
+// Exit statuses of dptrain, dppredict and dpprep: one table, each value with one meaning; and
+// UsageError, the error that exits with kExitUsage.
 #pragma once
+
+#include "dp/error.hpp"
 
 namespace dp::app {
 
@@ -16,5 +19,14 @@ inline constexpr int kExitModelDirLocked = 5;
 inline constexpr int kExitSomeInputsFailed = 6;
 // dptrain: stopped by SIGTERM/SIGUSR1 after writing a resumable checkpoint (EX_TEMPFAIL).
 inline constexpr int kExitPreempted = 75;
+// dpprep: stopped by signal s (SIGINT, SIGTERM) before writing anything: 128 + s, as a shell.
+inline constexpr int kExitSignalBase = 128;
+
+// A command-line or configuration mistake: reported as one line, exit code 2, no MPI_Abort
+// (every rank sees the same mistake).
+class UsageError : public Error {
+ public:
+  using Error::Error;
+};
 
 }  // namespace dp::app

@@ -5,9 +5,6 @@
 #include <filesystem>
 
 #include "train/options.hpp"
-#ifdef DP_WITH_CUDA
-#include "dp/cuda/cuda_backend.hpp"
-#endif
 
 namespace dp::app {
 namespace {
@@ -40,20 +37,11 @@ Predictor::Predictor(const std::string& checkpoint, const PredictorOptions& opti
   mc.name = meta_.model;
   mc.width_divisor = int(meta_.width_divisor);
   mc.deconv = meta_.deconv != 0;
-  if (options.gpu) {
-#ifdef DP_WITH_CUDA
-    cuda::BackendOptions bo;
-    bo.precision = options.precision;
-    backend_ = cuda::make_cuda_backend(bo);
-#else
-    throw UsageError("--device cuda: this dppredict was built without CUDA; use --device cpu");
-#endif
-  } else {
-    CpuOptions co;
-    co.conv_algo = options.conv_algo;
-    co.precision = options.precision;
-    backend_ = make_cli_cpu_backend(co);
-  }
+  BackendRequest br;
+  br.precision = options.precision;
+  br.cpu_conv = options.conv_algo;
+  backend_ =
+      options.device != nullptr ? options.device->make_backend(br) : Device::make_cpu_backend(br);
   model_ = make_model(mc, *backend_);
   const int m = model_->size_multiple();
   if (tile_height_ % m != 0 || tile_width_ % m != 0)

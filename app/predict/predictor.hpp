@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "device.hpp"
 #include "dp/backend.hpp"
 #include "dp/checkpoint.hpp"
 #include "dp/model.hpp"
@@ -19,7 +20,7 @@ struct PredictorOptions {
   int batch = 4;                        // tiles per forward pass
   CpuConvAlgo conv_algo = CpuConvAlgo::kDirect;  // 3x3 convolution kernels (dppredict: auto)
   Precision precision = Precision::kFloat32;     // bf16: bf16 activations and convolutions
-  bool gpu = false;  // the CUDA backend on the current device (TF32 allowed), else the CPU one
+  Device* device = nullptr;  // the CUDA backend on its GPU (TF32 allowed); null: the CPU
   bool raw_weights = false;  // the raw weights even where the checkpoint has averaged ones (--ema)
 };
 

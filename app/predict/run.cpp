@@ -23,13 +23,11 @@
 #include "dp/image_io.hpp"
 #include "exit_codes.hpp"
 #include "predict/predictor.hpp"
+#include "progress.hpp"
 #include "train/centerline_dice.hpp"
 #include "train/options.hpp"
 #include "train/sweep_metrics.hpp"
 #include "train/trainer.hpp"
-#ifdef DP_WITH_CUDA
-#include "dp/cuda/device.hpp"
-#endif
 
 namespace dp::app {
 namespace {
@@ -46,64 +44,38 @@ constexpr const char* kMaskDir = "masks";
 constexpr const char* kProbDir = "prob";
 constexpr const char* kOverlayDir = "overlay";
 
-// Rank 0's progress through its share: a bar redrawn in place on a terminal, else a plain line
-// every tenth (for shares long enough to need it).
+// Rank 0's progress through its share (dp::app::CountProgress): "dppredict [###...] 3/10 ...".
 class Progress {
  public:
   Progress(bool enabled, int64_t total, int rank, int world)
-      : enabled_(enabled),
-        tty_(::isatty(STDOUT_FILENO) == 1),
+      : share_(world > 1 ? str_cat(" (rank ", rank, " of ", world, ")") : ""),
         total_(total),
-        world_(world),
-        rank_(rank),
-        start_(Clock::now()) {}
-  ~Progress() { end_line(); }
-  Progress(const Progress&) = delete;
-  Progress& operator=(const Progress&) = delete;
+        count_(
+            enabled && total > 0, kMinTotalForLines,
+            [this](const CountProgress::State& s) {
+              char text[256];
+              std::snprintf(text, sizeof text, "dppredict [%s] %lld/%lld %5.1f%% %.1f img/s%s",
+                            progress_bar(double(s.per_mille) / CountProgress::kPerMille,
+                                         CountProgress::kBarWidth)
+                                .c_str(),
+                            static_cast<long long>(s.done), static_cast<long long>(s.total),
+                            100.0 * double(s.per_mille) / CountProgress::kPerMille, s.rate,
+                            share_.c_str());
+              return std::string(text);
+            },
+            [this](const CountProgress::State& s) {
+              return str_cat("dppredict: ", s.done, "/", s.total, " images", share_, ", ",
+                             fixed(s.rate, 1), " img/s");
+            }) {}
 
-  void advance() {
-    ++done_;
-    if (!enabled_ || total_ == 0) return;
-    const int64_t step = done_ * kSteps / total_;
-    if (step == shown_) return;
-    shown_ = step;
-    const double seconds = std::chrono::duration<double>(Clock::now() - start_).count();
-    const double rate = seconds > 0 ? double(done_) / seconds : 0.0;
-    const std::string share = world_ > 1 ? str_cat(" (rank ", rank_, " of ", world_, ")") : "";
-    if (tty_) {
-      const int filled = int(step * kBarWidth / kSteps);
-      std::printf("\rdppredict [%s%s] %lld/%lld %5.1f%% %.1f img/s%s",
-                  std::string(size_t(filled), '#').c_str(),
-                  std::string(size_t(kBarWidth - filled), '.').c_str(),
-                  static_cast<long long>(done_), static_cast<long long>(total_),
-                  100.0 * double(step) / kSteps, rate, share.c_str());
-      open_line_ = true;
-    } else if (total_ >= kMinTotalForLines && step % (kSteps / kLines) == 0) {
-      std::printf("dppredict: %lld/%lld images%s, %.1f img/s\n", static_cast<long long>(done_),
-                  static_cast<long long>(total_), share.c_str(), rate);
-    }
-    std::fflush(stdout);
-  }
-
-  // Ends the bar's line, so that the next output starts on its own.
-  void end_line() {
-    if (!open_line_) return;
-    std::printf("\n");
-    std::fflush(stdout);
-    open_line_ = false;
-  }
+  void advance() { count_.update("predict", ++done_, total_); }
+  void end_line() { count_.end_line(); }
 
  private:
-  static constexpr int64_t kSteps = 1000;  // resolution of the bar (per mille)
-  static constexpr int kBarWidth = 30;
-  static constexpr int64_t kLines = 10;  // plain lines per run
   static constexpr int64_t kMinTotalForLines = 20;
-  bool enabled_, tty_;
-  int64_t total_;
-  int world_, rank_;
-  Clock::time_point start_;
-  int64_t done_ = 0, shown_ = -1;
-  bool open_line_ = false;
+  std::string share_;
+  int64_t total_, done_ = 0;
+  CountProgress count_;
 };
 
 bool is_listed_image(const fs::directory_entry& e) {
@@ -224,30 +196,20 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
                 SegmentationMetrics* metrics_out) {
   const auto t0 = Clock::now();
   const int rank = comm.rank(), world = comm.size();
+  // --device auto: the GPU where this dppredict has the CUDA backend and every rank sees one.
+  Device device(DeviceRequest{.device = o.device, .program = "dppredict", .allow_sharing = true},
+                comm);
+  const std::string device_name =
+      device.gpu() ? str_cat("GPU ", device.gpu_info().ordinal, " of ",
+                             device.gpu_info().visible_count, " (", device.gpu_info().name, ")")
+                   : "cpu (oneDNN, " + cpu_isa_name() + ")";
   std::unique_ptr<Predictor> predictor;
   std::unique_ptr<data::Dataset> dataset;
   std::vector<Input> inputs;
-  // --device auto: the GPU where this dppredict has the CUDA backend and every rank sees one.
-  bool gpu = o.device == "cuda";
-#ifdef DP_WITH_CUDA
-  if (o.device == "auto") gpu = comm.all_true(cuda::visible_device_count() > 0);
-#endif
-  std::string device = "cpu (oneDNN, " + cpu_isa_name() + ")";
   double threshold = o.threshold;
   collectively(comm, [&] {
-#ifdef DP_WITH_CUDA
-    if (gpu) {
-      cuda::DeviceInfo d;
-      try {
-        d = cuda::select_device(comm.local_rank(), comm.local_size(), /*allow_sharing=*/true);
-      } catch (const Error& e) {
-        throw UsageError(str_cat("--device cuda: ", e.what()));
-      }
-      device = str_cat("GPU ", d.ordinal, " of ", d.visible_count, " (", d.name, ")");
-    }
-#endif
     PredictorOptions po;
-    po.gpu = gpu;
+    po.device = &device;
     po.tile_height = o.tile_height;
     po.tile_width = o.tile_width;
     po.overlap = o.overlap;
@@ -315,7 +277,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
            predictor->overlap(),
            predictor->margin() > 0 ? str_cat(", margin ", predictor->margin()) : std::string(),
            ", ", o.batch_size, " per batch; ", inputs.size(), " image(s) on ", world,
-           " rank(s); rank 0 on ", device, o.precision == "bf16" ? ", bf16 activations" : "",
+           " rank(s); rank 0 on ", device_name, o.precision == "bf16" ? ", bf16 activations" : "",
            "; threshold ", threshold, " (", why, ")");
 
   std::vector<size_t> mine;

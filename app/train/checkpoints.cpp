@@ -14,6 +14,7 @@
 #include "predict/normalization.hpp"
 #include "train/metrics.hpp"
 #include "train/retention.hpp"
+#include "train/run_state.hpp"
 
 namespace dp::app {
 namespace {
@@ -24,7 +25,7 @@ std::vector<double> pack(const CheckpointMeta& m) {
                         double(m.train_loss.size())};
   for (const auto* h : {&m.train_loss, &m.valid_loss, &m.valid_iou, &m.epoch_seconds})
     v.insert(v.end(), h->begin(), h->end());
-  // Mid-epoch position, best score and further histories (issue 6).
+  // Mid-epoch position, best score and further histories.
   v.insert(v.end(),
            {double(m.epoch_step), double(m.epoch_position), double(m.epoch_partial.size())});
   v.insert(v.end(), m.epoch_partial.begin(), m.epoch_partial.end());
@@ -100,13 +101,6 @@ std::string loss_changes(const std::string& recorded, const TrainOptions& now) {
 }
 
 }  // namespace
-
-double best_key(const std::string& metric, double loss, double iou, double dice, double ods) {
-  if (metric == "ods") return -ods;
-  if (metric == "iou") return -iou;
-  if (metric == "dice") return -dice;
-  return loss;
-}
 
 std::string first_nonfinite_tensor(Model& model, Optimizer& optim) {
   if (const ParamView* v = first_nonfinite_view(model.params(), model.params().values()))

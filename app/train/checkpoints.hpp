@@ -15,10 +15,6 @@
 
 namespace dp::app {
 
-// The --best-metric value (valid_loss, iou, dice or ods) of an epoch, oriented so that lower is
-// better; NaN for an epoch without that metric.
-double best_key(const std::string& metric, double loss, double iou, double dice, double ods);
-
 // The first tensor of the model's parameters, batch-norm buffers or optimiser state with a NaN or
 // infinite value, as "parameter 'name'", "buffer 'name'" or "<state> of 'name'"; empty if every
 // value is finite. Reads the host copies (downloads device arenas).

@@ -445,14 +445,4 @@ Precision parse_precision(const std::string& value) {
   throw UsageError(str_cat("--precision must be fp32 or bf16, got '", value, "'"));
 }
 
-std::unique_ptr<Backend> make_cli_cpu_backend(const CpuOptions& options) {
-  if (options.precision == Precision::kBFloat16 && !cpu_bf16_support().empty())
-    throw UsageError(str_cat("--precision bf16: ", cpu_bf16_support(), "; use --precision fp32"));
-  if (options.precision == Precision::kFloat32 && options.conv_algo == CpuConvAlgo::kWinograd &&
-      !cpu_winograd_support().empty())
-    throw UsageError(
-        str_cat("--cpu-conv winograd: ", cpu_winograd_support(), "; use --cpu-conv direct"));
-  return make_cpu_backend(options);
-}
-
 }  // namespace dp::app

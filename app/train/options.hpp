@@ -9,15 +9,9 @@
 
 #include "dp/backend.hpp"
 #include "dp/error.hpp"
+#include "exit_codes.hpp"  // UsageError
 
 namespace dp::app {
-
-// A command-line or configuration mistake: reported as one line, exit code 2, no MPI_Abort
-// (every rank sees the same mistake).
-class UsageError : public Error {
- public:
-  using Error::Error;
-};
 
 struct TrainOptions {
   // data
@@ -76,7 +70,7 @@ struct TrainOptions {
   bool tf32 = true;                // GPU: TF32 tensor cores for fp32 convolutions
   std::string precision = "fp32";  // fp32 | bf16 (convolutions)
   std::string cpu_conv = "auto";   // auto|direct|winograd|blocked|gemm|gemm-winograd
-  // distribution (issue 4)
+  // distribution
   double bucket_mb = 25.0;         // gradient all-reduce bucket size, MiB (first bucket: 1 MiB)
   bool overlap = true;             // all-reduce buckets during backward (--no-overlap: after it)
   int progress_us = 500;           // overlap: a thread advances the all-reduce every N us (0: off)
@@ -94,7 +88,7 @@ struct TrainOptions {
   int keep_last = 0;   // epoch checkpoints kept, newest first (0: all); model_best.h5 always
   bool log_all_ranks = false;
   int log_every = 0;              // steps between progress lines (0 = once per epoch)
-  std::string progress = "auto";  // auto | bar | lines (train/progress.hpp)
+  std::string progress = "auto";  // auto | bar | lines (progress.hpp)
   // --report: write report.html in model_dir after every epoch (rank 0)
   bool report = false;
   // --tensorboard: write TensorBoard events in model_dir/tb (rank 0)
@@ -116,7 +110,5 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
 CpuConvAlgo parse_cpu_conv(const std::string& value);
 // --precision fp32|bf16 (dptrain, dppredict); anything else is a UsageError.
 Precision parse_precision(const std::string& value);
-// make_cpu_backend, where bf16 on a CPU without AVX512-BF16/AMX is a UsageError naming the reason.
-std::unique_ptr<Backend> make_cli_cpu_backend(const CpuOptions& options);
 
 }  // namespace dp::app

@@ -1,12 +1,11 @@
 // dp::app::Trainer: data-parallel training loop, validation, checkpointing and resume.
 #pragma once
 
-#include <limits>
 #include <memory>
-#include <optional>
 #include <string>
 
-#include "agreement.hpp"
+#include "agreement.hpp"  // AgreedFailure: what run() and its pieces throw
+#include "device.hpp"
 #include "dp/backend.hpp"
 #include "dp/checkpoint.hpp"
 #include "dp/comm.hpp"
@@ -15,38 +14,22 @@
 #include "dp/log.hpp"
 #include "dp/model.hpp"
 #include "dp/optim.hpp"
-#include "dp/stall_watchdog.hpp"
 #include "dp/weight_average.hpp"
-#include "train/metrics.hpp"
+#include "progress.hpp"
+#include "train/epoch_metrics.hpp"
+#include "train/epoch_plan.hpp"
 #include "train/options.hpp"
-#include "train/progress.hpp"
 #include "train/signals.hpp"
+#include "train/step_guard.hpp"
 
 namespace dp::app {
 
-class TrainingReport;     // train/report.hpp
-class TensorBoardLog;     // train/tensorboard.hpp
-class ValidationSamples;  // train/validation_samples.hpp
-class Checkpoints;        // train/checkpoints.hpp
-class Loss;               // train/loss.hpp
-class ModelDirLock;       // train/model_dir_lock.hpp
-
-// The GPU a rank uses with --device cuda: its node-local rank modulo the visible GPUs (>= 1).
-// More ranks on the node than visible GPUs is a UsageError unless allow_sharing.
-int gpu_for_rank(int local_rank, int local_size, int visible_gpus, bool allow_sharing);
-
-struct EpochMetrics {
-  double loss = 0;                             // mean per pixel, from sums over all ranks
-  double iou = 0;                              // TP / (TP + FP + FN) over the whole split
-  double dice = 0, precision = 0, recall = 0;  // likewise from the reduced counts
-  int64_t samples = 0;
-  double allreduce_wait_ms = 0;  // training: per step, rank 0's wait after backward
-  // Validation only: ODS, OIS and AP over the threshold sweep (--tolerance); NaN otherwise.
-  double ods = std::numeric_limits<double>::quiet_NaN(), ods_threshold = ods, ois = ods, ap = ods;
-  MaskScores at_ods;       // Validation only: IoU, Dice, precision, recall at ods_threshold
-  double cldice = ods;     // Validation only: centreline Dice of the masks at --threshold
-  bool preempted = false;  // training only: stopped mid-epoch by a signal (checkpoint written)
-};
+class Checkpoints;     // train/checkpoints.hpp
+class EpochOutputs;    // train/epoch_outputs.hpp
+struct EpochRecord;    // train/epoch_outputs.hpp
+class FaultInjection;  // train/fault_injection.hpp
+class Loss;            // train/loss.hpp
+class ModelDirLock;    // train/model_dir_lock.hpp
 
 class Trainer {
  public:
@@ -73,92 +56,70 @@ class Trainer {
   const std::string& data_path() const { return data_path_; }
 
  private:
+  // One epoch's training as its steps see it.
+  struct EpochContext {
+    int64_t epoch = 0;
+    EpochStart start;
+    EpochPlan plan;
+    float lr = 0;
+  };
+  struct StepResult {
+    bool preempt = false;       // a rank received a preemption signal
+    double reduce_seconds = 0;  // waiting for the gradient all-reduce after backward
+  };
+  StepResult train_step(const EpochContext& e, int64_t step, EpochSums& sums);
+  // The batch's images and masks in backend memory, after the forward pass (training mode:
+  // dropout masks from seed, epoch and sample index); returns the logits.
+  const float* forward(const data::Batch& b, int64_t epoch, BatchTensors& in);
+
+  // Set-up, in the constructor's order.
+  void log_configuration();
+  void choose_device();  // device_, threads per rank, the device line
   void prepare_data();
+  void set_up_model();  // loaders, loss, model, optimiser, weight average, buffers
   // Usage errors: fewer training samples than ranks; --drop-last leaving no full batch.
   void check_train_size() const;
+  void log_set_up() const;
+
   // Records the epoch; writes model_epoch_<N>.h5 if --save-every says so (returns whether it
   // did) and model_best.h5 if the epoch is the best; then --keep-last deletes older epoch files.
-  bool save_epoch(const EpochMetrics& train, const EpochMetrics& valid, double seconds, float lr);
-  // --tensorboard (rank 0): the epoch's scalars and, when validated, the samples' predictions;
-  // written before the epoch's checkpoint, so a resume from it never repeats them.
-  void log_epoch_events(const EpochMetrics& train, const EpochMetrics& valid, bool validated,
-                        double seconds, double images_per_s, float lr);
-  // --patience: the validations since the last improvement reached it.
-  bool stopping_early() const;
-  std::string best_epoch_summary() const;  // "best epoch B (metric value[, loss L])"
-  // Fills the configuration fields of state_ (model, sizes, world, options) before a save.
-  void stamp_state(float lr);
-  // What every rank learns at the end of each optimiser step, before its update, from one small
-  // all-reduce: whether a signal asks for preemption (issue 6), and which ranks saw a non-finite
-  // loss or gradient norm. `run_step`: the optimiser step of the run it concludes.
-  struct StepAgreement {
-    bool preempt = false;
-    std::vector<int> nonfinite_loss, nonfinite_grad;  // ranks
-  };
-  StepAgreement agree_step(int64_t run_step, bool loss_finite, bool grad_finite);
-  // A step the agreement found non-finite: skipped (--skip-nonfinite-steps), or every rank throws
-  // AgreedFailure (kExitNonFinite) with one line from rank 0.
-  void on_nonfinite_step(const StepAgreement& agreed, int64_t epoch, int64_t step_in_epoch,
-                         double grad_norm);
+  bool save_epoch(const EpochRecord& r);
   // Rank 0 writes model_epoch_<E>_step_<S>.h5; `partial` holds the epoch's reduced sums so far.
   void save_mid_epoch(int64_t step_in_epoch, int64_t position, std::vector<double> partial,
                       float lr);
+  // Fills the configuration fields of state_ (model, sizes, world, options) before a save.
+  void stamp_state(float lr);
+  // Run() before its first epoch: a run already complete or stopped early says so (exit 0).
+  bool already_finished() const;
   // --stall-timeout: the watchdog's scope for a collective of the current step (empty when off).
   std::optional<mpi::StallWatchdog::Scope> watch(const char* collective);
-  // The CPU backend, or the CUDA one on the selected GPU (then device_ holds its helpers).
-  std::unique_ptr<Backend> make_backend(bool use_gpu);
-  void setup_device();  // after the model's set-up: the batch uploader; logs the GPU memory
-  // The MPI reducer on host gradients, or the NCCL one on device gradients.
-  std::unique_ptr<mpi::GradReducer> make_reducer(const mpi::ReducerOptions& ro);
-  // A batch's images and masks in backend memory (uploaded on a copy stream for the GPU).
-  struct BatchTensors {
-    const float* images = nullptr;
-    const float* masks = nullptr;
-  };
-  BatchTensors to_backend(const data::Batch& b);
 
   TrainOptions opt_;
   Comm& comm_;
   Logger log_;
   TrainProgress progress_;  // rank 0: bar on a terminal, or a line every --log-every steps
+  StepGuard guard_;         // agreement, non-finite guard, sync check, stall watch
   std::string data_path_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optim_;        // --optimizer: SGD or AdamW
   std::unique_ptr<WeightAverage> average_;  // --ema: validated, chooses model_best.h5
-  // --device cuda: NCCL communicator, batch uploader. Destroyed before the model's and the
-  // optimiser's device memory: freeing memory waits for the device, so after a failure the NCCL
-  // communicator must be aborted first (NcclComm does that while an exception unwinds).
-  struct DeviceState;
-  std::unique_ptr<DeviceState> device_;
+  // Destroyed before the model's and the optimiser's memory (see Device).
+  std::unique_ptr<Device> device_;
   std::unique_ptr<mpi::GradReducer> reducer_;  // sums gradients over ranks during backward
-  bool kernels_logged_ = false;  // Backend::kernel_choices(), once after the run's first step
-  // DP_TEST_FAIL_AT=rank:step (tests of the failure semantics): that rank throws in that step.
-  int fail_rank_ = -1;
-  int64_t fail_step_ = -1;
-  // SIGTERM/SIGUSR1 -> flag, while the trainer lives; DP_TEST_PREEMPT_AT=rank:step raises SIGUSR1
-  // on that rank in that optimiser step of the run, before its agreement (tests).
+  // SIGTERM/SIGUSR1 -> flag, while the trainer lives.
   PreemptionHandlers preemption_;
-  int preempt_rank_ = -1;
-  int64_t preempt_step_ = -1;
-  // DP_TEST_NONFINITE_AT=rank:step: that rank's loss is NaN in that step (tests).
-  int nonfinite_rank_ = -1;
-  int64_t nonfinite_step_ = -1;
+  std::unique_ptr<FaultInjection> faults_;  // the DP_TEST_*_AT hooks of the fault tests
   std::unique_ptr<data::Loader> train_loader_, val_loader_;
   Buffer diff_logits_;
   std::vector<uint64_t> dropout_seeds_;  // one per sample of a batch, sized once
-  float pos_weight_ = 1.0f;
-  std::unique_ptr<Loss> loss_;  // --loss
+  std::unique_ptr<Loss> loss_;           // --loss
   int height_ = 0, width_ = 0;
-  CheckpointMeta state_;                              // epochs done, steps, best, history
-  std::unique_ptr<ModelDirLock> model_dir_lock_;      // rank 0: one dptrain per --model-dir
-  std::unique_ptr<Checkpoints> checkpoints_;          // starting state, writing, retention
-  std::unique_ptr<mpi::StallWatchdog> watchdog_;      // --stall-timeout
-  int skipped_steps_ = 0;                             // --skip-nonfinite-steps used in this run
-  std::shared_ptr<const ValidationSamples> samples_;  // rank 0, for --report and --tensorboard
-  std::unique_ptr<TrainingReport> report_;            // --report, rank 0 only
-  std::unique_ptr<TensorBoardLog> tensorboard_;       // --tensorboard, rank 0 only
-  std::unique_ptr<MetricsCsv> metrics_csv_;           // rank 0 only
+  CheckpointMeta state_;                          // epochs done, steps, best, history
+  std::unique_ptr<ModelDirLock> model_dir_lock_;  // rank 0: one dptrain per --model-dir
+  std::unique_ptr<Checkpoints> checkpoints_;      // starting state, writing, retention
+  std::unique_ptr<EpochOutputs> outputs_;         // epoch line, metrics.csv, TensorBoard, report
+  bool kernels_logged_ = false;  // Backend::kernel_choices(), once after the run's first step
 };
 
 }  // namespace dp::app

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "test_util.hpp"
-#include "train/progress.hpp"
+#include "progress.hpp"
 
 namespace dp {
 namespace {

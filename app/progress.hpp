@@ -1,13 +1,17 @@
-// Rank 0's training progress: a bar redrawn in place on a terminal, or a plain line every
-// --log-every steps (Slurm logs): epoch, step, loss, images/s, ETA of the epoch.
+// Progress of the apps: a bar redrawn in place on a terminal, or plain lines for logs. dptrain's
+// steps (TrainProgress), and the items of a phase for dppredict and dpprep (CountProgress).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 
 namespace dp::app {
+
+// "#####....." : `width` characters, `fraction` (clamped to [0, 1]) of them filled.
+std::string progress_bar(double fraction, int width);
 
 // --progress auto: a bar only when stdout and stderr are both terminals. (Open MPI gives every
 // rank a pseudo-terminal stdout whatever mpirun's own stdout is, but stderr a pipe; so under
@@ -51,6 +55,44 @@ class TrainProgress {
   int64_t images_ = 0;
   Clock::time_point t0_, last_draw_;
   bool drawn_ = false;
+};
+
+// A phase of `total` items (images read, predicted or written), shown on stdout: on a terminal a
+// bar redrawn at every per mille; otherwise a plain line every tenth, for phases of at least
+// `min_total_for_lines` items.
+class CountProgress {
+ public:
+  struct State {
+    std::string phase;
+    int64_t done = 0, total = 0;
+    int64_t per_mille = 0;  // of the phase done
+    double seconds = 0;     // since the phase began
+    double rate = 0;        // items per second
+  };
+  using Format = std::function<std::string(const State&)>;  // the text of the bar or of a line
+  static constexpr int64_t kPerMille = 1000;
+  static constexpr int kBarWidth = 30;
+
+  CountProgress(bool enabled, int64_t min_total_for_lines, Format bar, Format line);
+  ~CountProgress() { end_line(); }
+  CountProgress(const CountProgress&) = delete;
+  CountProgress& operator=(const CountProgress&) = delete;
+
+  // `done` of `total` items of `phase` (a new phase restarts the clock).
+  void update(const std::string& phase, int64_t done, int64_t total);
+  // Ends the bar's line, so that the next output starts on its own.
+  void end_line();
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  static constexpr int64_t kLines = 10;  // plain lines per phase
+  bool enabled_, tty_;
+  int64_t min_total_for_lines_;
+  Format bar_, line_;
+  std::string phase_;
+  Clock::time_point start_;
+  int64_t shown_ = -1;
+  bool open_line_ = false;
 };
 
 }  // namespace dp::app

@@ -1,5 +1,7 @@
-// TrainProgress bar and plain progress lines for rank 0.
-#include "train/progress.hpp"
+// Progress bars and plain progress lines: dptrain's steps, dppredict's and dpprep's phases.
+#include "progress.hpp"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +17,11 @@ constexpr double kRedrawSeconds = 0.1;  // at most ~10 redraws a second
 constexpr int kSecondsPerMinute = 60, kSecondsPerHour = 3600;
 
 }  // namespace
+
+std::string progress_bar(double fraction, int width) {
+  const int filled = std::clamp(int(fraction * width), 0, width);
+  return std::string(size_t(filled), '#') + std::string(size_t(width - filled), '.');
+}
 
 bool use_progress_bar(const std::string& mode, bool stdout_tty, bool stderr_tty) {
   if (mode == "bar") return true;
@@ -38,11 +45,9 @@ std::string format_duration(double seconds) {
 
 std::string format_progress_bar(const ProgressState& s, int bar_width) {
   const double done = s.steps > 0 ? double(s.step) / double(s.steps) : 1.0;
-  const int filled = std::clamp(int(done * bar_width), 0, bar_width);
-  return str_cat("epoch ", s.epoch, "/", s.epochs, " [", std::string(size_t(filled), '#'),
-                 std::string(size_t(bar_width - filled), '.'), "] ", s.step, "/", s.steps,
-                 "  loss ", fixed(s.loss, 4), "  ", fixed(s.images_per_s, 1), " img/s  ETA ",
-                 format_duration(s.eta_seconds));
+  return str_cat("epoch ", s.epoch, "/", s.epochs, " [", progress_bar(done, bar_width), "] ",
+                 s.step, "/", s.steps, "  loss ", fixed(s.loss, 4), "  ", fixed(s.images_per_s, 1),
+                 " img/s  ETA ", format_duration(s.eta_seconds));
 }
 
 std::string format_progress_line(const ProgressState& s) {
@@ -90,6 +95,45 @@ void TrainProgress::clear() {
   std::fprintf(out_, "\r\033[K");
   std::fflush(out_);
   drawn_ = false;
+}
+
+CountProgress::CountProgress(bool enabled, int64_t min_total_for_lines, Format bar, Format line)
+    : enabled_(enabled),
+      tty_(::isatty(STDOUT_FILENO) == 1),
+      min_total_for_lines_(min_total_for_lines),
+      bar_(std::move(bar)),
+      line_(std::move(line)) {}
+
+void CountProgress::update(const std::string& phase, int64_t done, int64_t total) {
+  if (!enabled_) return;
+  if (phase != phase_) {
+    end_line();
+    phase_ = phase;
+    start_ = Clock::now();
+    shown_ = -1;
+  }
+  const int64_t per_mille = total > 0 ? done * kPerMille / total : kPerMille;
+  if (per_mille == shown_) return;
+  shown_ = per_mille;
+  State s{
+      phase, done, total, per_mille, std::chrono::duration<double>(Clock::now() - start_).count(),
+      0.0};
+  s.rate = s.seconds > 0 ? double(done) / s.seconds : 0.0;
+  if (tty_) {
+    std::printf("\r%s", bar_(s).c_str());
+    open_line_ = true;
+  } else if (total >= min_total_for_lines_ && per_mille % (kPerMille / kLines) == 0 &&
+             per_mille > 0) {
+    std::printf("%s\n", line_(s).c_str());
+  }
+  std::fflush(stdout);
+}
+
+void CountProgress::end_line() {
+  if (!open_line_) return;
+  std::printf("\n");
+  std::fflush(stdout);
+  open_line_ = false;
 }
 
 }  // namespace dp::app

@@ -1,0 +1,171 @@
+// Device choice and the per-device set-up of the apps: backends, gradient reducers, batch uploads.
+#include "device.hpp"
+
+#include <cstdio>
+
+#include "agreement.hpp"
+#include "dp/mpi_comm.hpp"
+#ifdef DP_WITH_CUDA
+#include "dp/cuda/batch_upload.hpp"
+#include "dp/cuda/cuda_backend.hpp"
+#include "dp/cuda/device.hpp"
+#include "dp/nccl_comm.hpp"
+#include "dp/nccl_grad_reducer.hpp"
+#endif
+
+namespace dp::app {
+
+int gpu_for_rank(int local_rank, int local_size, int visible_gpus, bool allow_sharing) {
+  DP_CHECK(visible_gpus >= 1 && local_rank >= 0 && local_rank < local_size,
+           "gpu_for_rank: local rank ", local_rank, " of ", local_size, ", ", visible_gpus,
+           " GPU(s)");
+  if (local_size > visible_gpus && !allow_sharing)
+    throw UsageError(str_cat("--device cuda: ", local_size, " ranks on this node but ",
+                             visible_gpus,
+                             " visible GPU(s); start one rank per GPU or pass "
+                             "--allow-gpu-sharing"));
+  return local_rank % visible_gpus;
+}
+
+struct Device::Cuda {
+#ifdef DP_WITH_CUDA
+  cuda::CudaBackend* backend = nullptr;
+  // Destroyed first: the communicator (aborted if a failure is unwinding), then the uploader,
+  // which waits for the streams.
+  std::unique_ptr<cuda::BatchUploader> uploader;
+  std::unique_ptr<mpi::NcclComm> nccl;
+#endif
+};
+
+Device::Device(const DeviceRequest& request, Comm& comm)
+    : program_(request.program), cuda_(std::make_unique<Cuda>()) {
+  gpu_ = request.device == "cuda";
+#ifdef DP_WITH_CUDA
+  if (request.device == "auto")
+    gpu_ = comm.all_true(cuda::visible_device_count() > 0);  // every rank decides the same
+  if (!gpu_) return;
+  collectively(comm, [&] {
+    const int visible = cuda::visible_device_count();
+    if (visible > 0)  // else select_device says why none is visible
+      gpu_for_rank(comm.local_rank(), comm.local_size(), visible, request.allow_sharing);
+    cuda::DeviceInfo d;
+    try {
+      d = cuda::select_device(comm.local_rank(), comm.local_size(), request.allow_sharing);
+    } catch (const Error& e) {
+      throw UsageError(str_cat("--device cuda: ", e.what()));
+    }
+    gpu_info_ = {d.ordinal, d.visible_count, d.shared, d.name, d.pci_bus_id};
+    if (request.one_gpu_per_rank && d.shared &&
+        comm.size() > 1)  // NCCL refuses two ranks of a communicator on a GPU
+      throw UsageError(str_cat("--device cuda: ", comm.local_size(), " ranks on this node share ",
+                               d.visible_count,
+                               " GPU(s), but the NCCL reducer needs one GPU per rank; start "
+                               "one rank per GPU (or a single rank)"));
+  });
+#else
+  (void)comm;
+  if (gpu_)
+    throw UsageError(str_cat("--device cuda: this ", program_,
+                             " was built without CUDA (configure with -DDP_WITH_CUDA=ON); use "
+                             "--device cpu"));
+#endif
+}
+
+Device::~Device() = default;
+
+std::unique_ptr<Backend> Device::make_cpu_backend(const BackendRequest& request) {
+  if (request.precision == Precision::kBFloat16 && !cpu_bf16_support().empty())
+    throw UsageError(str_cat("--precision bf16: ", cpu_bf16_support(), "; use --precision fp32"));
+  if (request.precision == Precision::kFloat32 && request.cpu_conv == CpuConvAlgo::kWinograd &&
+      !cpu_winograd_support().empty())
+    throw UsageError(
+        str_cat("--cpu-conv winograd: ", cpu_winograd_support(), "; use --cpu-conv direct"));
+  return dp::make_cpu_backend(CpuOptions{request.precision, request.cpu_conv});
+}
+
+std::unique_ptr<Backend> Device::make_backend(const BackendRequest& request) {
+  if (!gpu_) return make_cpu_backend(request);
+#ifdef DP_WITH_CUDA
+  cuda::BackendOptions bo;
+  bo.tf32 = request.tf32;
+  bo.deterministic = request.deterministic;
+  bo.precision = request.precision;
+  bo.log = request.log;  // a bf16 convolution shape that runs in fp32
+  auto backend = cuda::make_cuda_backend(bo);
+  cuda_->backend = backend.get();
+  return backend;
+#else
+  return nullptr;  // unreachable: the constructor refused --device cuda
+#endif
+}
+
+void Device::prepare_uploads(size_t image_floats, size_t mask_floats) {
+#ifdef DP_WITH_CUDA
+  if (cuda_->backend != nullptr)
+    cuda_->uploader =
+        std::make_unique<cuda::BatchUploader>(image_floats + mask_floats, cuda_->backend->stream());
+#else
+  (void)image_floats, (void)mask_floats;
+#endif
+}
+
+BatchTensors Device::upload(const data::Batch& batch, size_t image_floats, size_t mask_floats) {
+#ifdef DP_WITH_CUDA
+  if (cuda_->uploader) {
+    const auto up = cuda_->uploader->upload(batch.images, image_floats, batch.masks, mask_floats);
+    return {up.images, up.masks};
+  }
+#else
+  (void)image_floats, (void)mask_floats;
+#endif
+  return {batch.images, batch.masks};
+}
+
+std::string Device::memory_note() const {
+#ifdef DP_WITH_CUDA
+  if (cuda_->backend != nullptr)
+    return str_cat("GPU memory: ", format_mib(double(cuda_->backend->peak_bytes())),
+                   " allocated at start (parameters, gradients, optimizer state, activations)");
+#endif
+  return {};
+}
+
+std::unique_ptr<mpi::GradReducer> Device::make_reducer(Comm& comm, ParamStore& params,
+                                                       const mpi::ReducerOptions& options) {
+#ifdef DP_WITH_CUDA
+  if (cuda_->backend != nullptr) {
+    auto* mpi_comm = dynamic_cast<mpi::MpiComm*>(&comm);
+    DP_CHECK(mpi_comm != nullptr, "--device cuda: the NCCL reducer needs an MPI communicator");
+    // NcclComm agrees over MPI on every failure before its collective ncclCommInitRank: the
+    // ranks that failed throw their error, the others NcclPeerFailed, and collectively() reports
+    // the lowest failed rank's error. A failure inside that call leaves the peers in it, which
+    // they cannot leave: that rank reports it and ends the job at once.
+    collectively(comm, [&] {
+      try {
+        cuda_->nccl = std::make_unique<mpi::NcclComm>(*mpi_comm);
+      } catch (const mpi::NcclPeerFailed&) {
+        // Not this rank's failure: collectively() fails here too, with the failed rank's error.
+      } catch (const mpi::NcclInitError& e) {
+        std::fprintf(stderr,
+                     "%s: error: [rank %d] %s (the other ranks cannot leave "
+                     "ncclCommInitRank: ending the job)\n",
+                     program_.c_str(), comm.rank(), e.what());
+        std::fflush(stderr);
+        mpi::Env::abort(1);
+      }
+    });
+    return mpi::make_nccl_grad_reducer(*cuda_->nccl, params, params.grads(),
+                                       cuda_->backend->stream(), options);
+  }
+#endif
+  return mpi::make_grad_reducer(comm, params, options);
+}
+
+std::function<void()> Device::before_abort() {
+#ifdef DP_WITH_CUDA
+  if (cuda_->nccl) return [nccl = cuda_->nccl.get()] { nccl->abort_for_exit(); };
+#endif
+  return {};
+}
+
+}  // namespace dp::app

@@ -1,0 +1,96 @@
+// Where an app's model runs, the CPU (oneDNN) or this rank's GPU, and what it needs there: the
+// backend, the gradient reducer and batch uploads. The one place in app/ that knows about CUDA.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dp/backend.hpp"
+#include "dp/comm.hpp"
+#include "dp/grad_reducer.hpp"
+#include "dp/loader.hpp"
+#include "dp/log.hpp"
+#include "dp/params.hpp"
+
+namespace dp::app {
+
+// The GPU a rank uses with --device cuda: its node-local rank modulo the visible GPUs (>= 1).
+// More ranks on the node than visible GPUs is a UsageError unless allow_sharing.
+int gpu_for_rank(int local_rank, int local_size, int visible_gpus, bool allow_sharing);
+
+struct DeviceRequest {
+  std::string device = "auto";  // --device cpu|cuda|auto
+  std::string program;          // "dptrain", "dppredict": for the error lines
+  bool allow_sharing = false;   // more ranks on a node than visible GPUs (--allow-gpu-sharing)
+  // The NCCL reducer: two ranks of a multi-rank job may not share a GPU (a UsageError).
+  bool one_gpu_per_rank = false;
+};
+
+// The selected GPU (valid when Device::gpu()).
+struct GpuInfo {
+  int ordinal = -1, visible_count = 0;
+  bool shared = false;  // with other ranks of the node
+  std::string name, pci_bus_id;
+};
+
+struct BackendRequest {
+  Precision precision = Precision::kFloat32;
+  CpuConvAlgo cpu_conv = CpuConvAlgo::kDirect;  // the CPU's fp32 convolution kernels
+  bool tf32 = true;                             // the GPU's fp32 convolutions may use TF32
+  bool deterministic = false;                   // the GPU's deterministic cuDNN algorithms only
+  Logger log;                                   // the GPU backend's notes
+};
+
+// A batch's images and masks in backend memory.
+struct BatchTensors {
+  const float* images = nullptr;
+  const float* masks = nullptr;
+};
+
+class Device {
+ public:
+  // On every rank, collectively: --device auto is the GPU where this build has the CUDA backend
+  // and every rank sees one, else the CPU. On a GPU, selects this rank's (gpu_for_rank; the
+  // selection's failure is a UsageError). --device cuda in a build without CUDA is a UsageError.
+  Device(const DeviceRequest& request, Comm& comm);
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  bool gpu() const { return gpu_; }
+  const GpuInfo& gpu_info() const { return gpu_info_; }
+
+  // The CPU backend, or the CUDA one on the selected GPU. Call once.
+  std::unique_ptr<Backend> make_backend(const BackendRequest& request);
+  // The CPU backend; bf16 without AVX512-BF16/AMX, or winograd where it cannot run, is a
+  // UsageError naming the reason.
+  static std::unique_ptr<Backend> make_cpu_backend(const BackendRequest& request);
+
+  // Training: batches of up to `image_floats` + `mask_floats` reach the backend through
+  // upload() (on the GPU a copy stream into device buffers; the host batch itself on the CPU).
+  void prepare_uploads(size_t image_floats, size_t mask_floats);
+  BatchTensors upload(const data::Batch& batch, size_t image_floats, size_t mask_floats);
+  // "GPU memory: X allocated ..." after the set-up; empty on the CPU.
+  std::string memory_note() const;
+
+  // The gradient reducer: MPI on host gradients, or NCCL on the GPU's (its communicator is
+  // created collectively; a failure inside ncclCommInitRank ends the job at once).
+  std::unique_ptr<mpi::GradReducer> make_reducer(Comm& comm, ParamStore& params,
+                                                 const mpi::ReducerOptions& options);
+  // What the stall watchdog runs before it ends a stalled job (aborting NCCL); empty on the CPU.
+  std::function<void()> before_abort();
+
+ private:
+  bool gpu_ = false;
+  GpuInfo gpu_info_;
+  std::string program_;
+  // The GPU's NCCL communicator and batch uploader. Destroyed before the backend's memory owners
+  // (model, optimiser): freeing memory waits for the device, so after a failure the NCCL
+  // communicator must be aborted first (NcclComm does that while an exception unwinds).
+  struct Cuda;
+  std::unique_ptr<Cuda> cuda_;
+};
+
+}  // namespace dp::app

@@ -1,0 +1,135 @@
+// What the ranks agree on around each optimiser step: preemption, non-finite values, parameter
+// sync and the stall watch on collectives.
+#include "train/step_guard.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "agreement.hpp"
+#include "dp/checkpoint.hpp"
+#include "dp/mpi_comm.hpp"
+#include "train/signals.hpp"
+
+namespace dp::app {
+namespace {
+
+// FNV-1a over 32-bit words: any single differing word changes the result.
+uint64_t hash_floats(const float* p, int64_t n) {
+  constexpr uint64_t kOffset = 0xcbf29ce484222325ull, kPrime = 0x100000001b3ull;
+  uint64_t h = kOffset;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, p + i, sizeof bits);
+    h = (h ^ bits) * kPrime;
+  }
+  return h;
+}
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(r);
+  }
+  return s;
+}
+
+}  // namespace
+
+StepGuard::StepGuard(const TrainOptions& options, Comm& comm, Logger log, TrainProgress& progress)
+    : opt_(options), comm_(comm), log_(log), progress_(progress) {}
+
+StepGuard::~StepGuard() = default;
+
+void StepGuard::start_watchdog(std::function<void()> before_abort) {
+  if (opt_.stall_timeout <= 0) return;
+  if (auto* mpi_comm = dynamic_cast<mpi::MpiComm*>(&comm_))
+    watchdog_ = std::make_unique<mpi::StallWatchdog>(
+        mpi_comm->native(), opt_.stall_timeout, "dptrain", kExitStalled, std::move(before_abort));
+}
+
+std::optional<mpi::StallWatchdog::Scope> StepGuard::watch(const char* collective,
+                                                          int64_t run_step) {
+  if (!watchdog_) return std::nullopt;
+  return watchdog_->watch(collective, run_step);
+}
+
+StepGuard::Agreement StepGuard::agree(int64_t run_step, bool loss_finite, bool grad_finite) {
+  // [0]: ranks with a preemption signal; [1 + r]: rank r's non-finite flags (1 loss, 2 gradient).
+  const size_t world = size_t(comm_.size());
+  std::vector<int64_t> v(1 + world, 0);
+  v[0] = preemption_signal() != 0 ? 1 : 0;
+  v[1 + size_t(comm_.rank())] = (loss_finite ? 0 : 1) | (grad_finite ? 0 : 2);
+  {
+    const auto waiting = watch("step agreement", run_step);
+    comm_.allreduce_sum(v.data(), v.size());
+  }
+  Agreement a;
+  a.preempt = v[0] > 0;
+  for (size_t r = 0; r < world; ++r) {
+    if ((v[1 + r] & 1) != 0) a.nonfinite_loss.push_back(int(r));
+    if ((v[1 + r] & 2) != 0) a.nonfinite_grad.push_back(int(r));
+  }
+  if (a.preempt) {
+    progress_.clear();
+    log_.info("preemption: SIGTERM/SIGUSR1 received by ", v[0], " of ", comm_.size(),
+              " rank(s); stopping after step ", run_step);
+  }
+  return a;
+}
+
+void StepGuard::on_nonfinite(const Agreement& agreed, int64_t epoch, int64_t step_in_epoch,
+                             int64_t run_step, double grad_norm) {
+  std::string what;
+  if (!agreed.nonfinite_loss.empty())
+    what = str_cat("non-finite loss on rank(s) ", rank_list(agreed.nonfinite_loss));
+  if (!agreed.nonfinite_grad.empty())
+    what += str_cat(what.empty() ? "" : "; ", "non-finite gradient norm (",
+                    std::isnan(grad_norm) ? "NaN" : "infinite", ") after the all-reduce");
+  const std::string where = str_cat("epoch ", epoch + 1, ", step ", step_in_epoch,
+                                    " (optimiser step ", run_step, " of the run)");
+  if (skipped_steps_ < opt_.skip_nonfinite_steps) {
+    ++skipped_steps_;
+    progress_.clear();
+    if (comm_.rank() == 0)  // every rank knows: one line
+      log_.warn("skipped ", where, ": ", what, "; no update (", skipped_steps_, " of ",
+                opt_.skip_nonfinite_steps, " --skip-nonfinite-steps used)");
+    return;
+  }
+  std::string newest = "none";
+  if (comm_.rank() == 0)
+    if (const auto files = list_checkpoints(opt_.model_dir); !files.empty())
+      newest = files.front().path;
+  throw AgreedFailure(
+      str_cat("training diverged in ", where, ": ", what,
+              "; stopped before the update, no checkpoint of this state is written (newest: ",
+              newest, "); lower --lr, use --clip-grad-norm or --skip-nonfinite-steps"),
+      kExitNonFinite, comm_.rank() == 0);
+}
+
+void StepGuard::check_sync(ParamStore& params, int64_t run_step) {
+  params.download();
+  const std::vector<ParamView>& views = params.views();
+  std::vector<int64_t> mine(views.size()), root(views.size()), differ(views.size());
+  for (size_t i = 0; i < views.size(); ++i)
+    mine[i] = static_cast<int64_t>(hash_floats(views[i].host, views[i].numel));
+  root = mine;
+  {
+    const auto waiting = watch("parameter sync check", run_step);
+    comm_.broadcast(root.data(), root.size() * sizeof(int64_t), 0);
+    for (size_t i = 0; i < views.size(); ++i) differ[i] = mine[i] != root[i] ? 1 : 0;
+    comm_.allreduce_sum(differ.data(), differ.size());
+  }
+  const auto first = std::find_if(differ.begin(), differ.end(), [](int64_t d) { return d > 0; });
+  if (first == differ.end()) return;
+  const int64_t tensors =
+      std::count_if(differ.begin(), differ.end(), [](int64_t d) { return d > 0; });
+  const ParamView& v = views[size_t(first - differ.begin())];
+  throw AgreedFailure(str_cat("parameters out of sync after step ", run_step, ": '", v.name,
+                              "' differs from rank 0's on ", *first, " of ", comm_.size(),
+                              " rank(s) (", tensors, " tensor(s) differ)"),
+                      1, comm_.rank() == 0);
+}
+
+}  // namespace dp::app
