@@ -3,9 +3,9 @@
 #
 # Usage: bash bench/cluster_bench.sh [BUILD_DIR]   (root; default build/default)
 # Environment: REPEATS (2) rounds, interleaved; EPOCHS (3) per run, the best epoch after the first
-# is kept; DIVISOR (8), SIZE (64), BATCH (4), TRAIN (512) as in issue 20's first try; MPI_EXTRA:
+# is kept; DIVISOR (8), SIZE (64), BATCH (4), TRAIN (512) as in the first cluster measurements; MPI_EXTRA:
 # more mpirun options for the 2-node runs (e.g. "--mca mpi_yield_when_idle 0"); SKIP_ALLREDUCE=1:
-# dptrain only. bench_allreduce runs with --bind-to none and, as issue 20's first try did, Open
+# dptrain only. bench_allreduce runs with --bind-to none and, as the first cluster measurements did, Open
 # MPI's default --bind-to core; dptrain with --bind-to none, overlapped (with and without the
 # reducer's progress thread) and --no-overlap.
 # The nodes are network namespaces joined by veth links through a bridge: one kernel, memory

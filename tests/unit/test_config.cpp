@@ -51,7 +51,7 @@ TEST(Config, IniValuesWithTheCommandLineWinning) {
   EXPECT_EQ(o->batch_size, 3);
   EXPECT_EQ(o->optimizer, "adamw");
   EXPECT_TRUE(o->cache);
-  EXPECT_TRUE(o->tensorboard);  // the spelling: a switch as 1
+  EXPECT_TRUE(o->tensorboard);  // a switch spelt as 1
   EXPECT_FALSE(parse({})->tensorboard);
   EXPECT_EQ(o->epochs, 9);  // the command line overrides the file
   EXPECT_EQ(o->config, path);

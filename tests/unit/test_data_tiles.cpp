@@ -1,4 +1,4 @@
-// Data as it comes (issue 21): dpprep build --tile/--pad-to on mixed sizes, stored sources, crops.
+// Data as it comes: dpprep build --tile/--pad-to on mixed sizes, stored sources, crops.
 #include <gtest/gtest.h>
 #include <tiffio.h>
 #include <zlib.h>

@@ -14,7 +14,7 @@
 namespace dp {
 namespace {
 
-// The job must end within this long after a rank fails (the bound; it takes ~1 s here).
+// The job must end within this long after a rank fails (the documented bound; it takes ~1 s here).
 constexpr double kMaxSeconds = 30.0;
 // A hung job is killed after this long (coreutils timeout), so the test fails instead of hanging.
 constexpr int kKillAfterSeconds = 60;

@@ -1,4 +1,4 @@
-// Faults a week-long run must survive (issue 19): divergence stops with its own exit status and
+// Faults a week-long run must survive: divergence stops with its own exit status and
 // leaves only finite checkpoints, a stopped rank ends the job through the stall watchdog, a second
 // dptrain on a held --model-dir is refused, and a full disk loses no checkpoint.
 //

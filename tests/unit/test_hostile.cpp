@@ -1,4 +1,4 @@
-// Hostile files (issue 19): what a file claims is checked before anything is allocated from it.
+// Hostile files: what a file claims is checked before anything is allocated from it.
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <zlib.h>

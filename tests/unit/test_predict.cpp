@@ -694,7 +694,7 @@ TEST_F(Predict, BadInputIsOneErrorLineAndANonZeroExit) {
   EXPECT_NE(h.output.find("--overlap"), std::string::npos) << h.output;
 }
 
-// One bad file among good ones (issue 19): it gives one error line naming it and no output; every
+// One bad file among good ones: it gives one error line naming it and no output; every
 // other file is predicted; rank 0 sums up; every rank exits 6. Alone, and on 2 ranks where the
 // bad file is rank 1's (inputs i go to rank i % 2) and rank 0 has nothing to report but the sum.
 TEST_F(Predict, AnUnreadableFileIsSkippedAndCounted) {
