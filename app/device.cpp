@@ -1,7 +1,13 @@
 // Device choice and the per-device set-up of the apps: backends, gradient reducers, batch uploads.
 #include "device.hpp"
 
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
+#include <cstdlib>
 
 #include "agreement.hpp"
 #include "dp/mpi_comm.hpp"
@@ -25,6 +31,50 @@ int gpu_for_rank(int local_rank, int local_size, int visible_gpus, bool allow_sh
                              " visible GPU(s); start one rank per GPU or pass "
                              "--allow-gpu-sharing"));
   return local_rank % visible_gpus;
+}
+
+namespace {
+
+// The leading positive integer of `text` ("4", "4,2" of a nested OMP_NUM_THREADS), else 0.
+int leading_positive(const std::string& text) {
+  int value = 0;
+  const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (error != std::errc() || value <= 0) return 0;
+  if (end != text.data() + text.size() && *end != ',') return 0;
+  return value;
+}
+
+std::string getenv_string(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? v : "";
+}
+
+}  // namespace
+
+ThreadEnvironment ThreadEnvironment::of_this_process(int local_ranks) {
+  ThreadEnvironment env;
+  env.slurm_cpus_per_task = getenv_string("SLURM_CPUS_PER_TASK");
+  env.omp_num_threads = getenv_string("OMP_NUM_THREADS");
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  env.node_cpus = std::max(1, int(sysconf(_SC_NPROCESSORS_ONLN)));
+  env.affinity_cpus =
+      sched_getaffinity(0, sizeof mask, &mask) == 0 ? std::max(1, CPU_COUNT(&mask)) : env.node_cpus;
+  env.local_ranks = std::max(1, local_ranks);
+  return env;
+}
+
+ThreadChoice choose_threads(int requested, const ThreadEnvironment& env) {
+  if (requested > 0) return {requested, "--threads"};
+  if (const int n = leading_positive(env.slurm_cpus_per_task); n > 0)
+    return {n, "SLURM_CPUS_PER_TASK=" + env.slurm_cpus_per_task};
+  if (const int n = leading_positive(env.omp_num_threads); n > 0)
+    return {n, "OMP_NUM_THREADS=" + env.omp_num_threads};
+  const int share = std::max(1, env.node_cpus / std::max(1, env.local_ranks));
+  if (env.affinity_cpus <= share)
+    return {env.affinity_cpus, str_cat("the rank's CPU binding (", env.affinity_cpus, ")")};
+  return {share, str_cat("the node's ", env.node_cpus, " CPUs over its ", env.local_ranks,
+                         " rank(s): the rank is not bound to its own cores")};
 }
 
 struct Device::Cuda {

@@ -20,6 +20,26 @@ namespace dp::app {
 // More ranks on the node than visible GPUs is a UsageError unless allow_sharing.
 int gpu_for_rank(int local_rank, int local_size, int visible_gpus, bool allow_sharing);
 
+// The OpenMP threads of a rank, and where the number came from (for the start-up line).
+struct ThreadChoice {
+  int threads = 1;
+  std::string source;  // e.g. "--threads", "SLURM_CPUS_PER_TASK=4"
+};
+// What the thread count of a rank is chosen from.
+struct ThreadEnvironment {
+  std::string slurm_cpus_per_task, omp_num_threads;  // empty: unset
+  int affinity_cpus = 1;                             // CPUs in the rank's affinity mask
+  int node_cpus = 1;                                 // online CPUs of the node
+  int local_ranks = 1;                               // ranks of the job on this node
+  static ThreadEnvironment of_this_process(int local_ranks);
+};
+// --threads N (N > 0) wins; else SLURM_CPUS_PER_TASK, then OMP_NUM_THREADS (its first value), then
+// the rank's affinity mask, never more than the node's CPUs over its ranks (at least 1): a rank
+// that no launcher bound (MPICH's Hydra, Open MPI --bind-to none) has every CPU of the node in its
+// mask, and as many threads on every rank would oversubscribe the node. A variable that is not a
+// positive number is passed over.
+ThreadChoice choose_threads(int requested, const ThreadEnvironment& env);
+
 struct DeviceRequest {
   std::string device = "auto";  // --device cpu|cuda|auto
   std::string program;          // "dptrain", "dppredict": for the error lines

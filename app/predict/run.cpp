@@ -2,6 +2,7 @@
 // ranks, progress on rank 0.
 #include "predict/run.hpp"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -203,6 +204,9 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
       device.gpu() ? str_cat("GPU ", device.gpu_info().ordinal, " of ",
                              device.gpu_info().visible_count, " (", device.gpu_info().name, ")")
                    : "cpu (oneDNN, " + cpu_isa_name() + ")";
+  const ThreadChoice threads =
+      choose_threads(0, ThreadEnvironment::of_this_process(comm.local_size()));
+  omp_set_num_threads(threads.threads);
   std::unique_ptr<Predictor> predictor;
   std::unique_ptr<data::Dataset> dataset;
   std::vector<Input> inputs;
@@ -277,8 +281,9 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
            predictor->overlap(),
            predictor->margin() > 0 ? str_cat(", margin ", predictor->margin()) : std::string(),
            ", ", o.batch_size, " per batch; ", inputs.size(), " image(s) on ", world,
-           " rank(s); rank 0 on ", device_name, o.precision == "bf16" ? ", bf16 activations" : "",
-           "; threshold ", threshold, " (", why, ")");
+           " rank(s); rank 0 on ", device_name, ", ", threads.threads, " thread(s) per rank (",
+           threads.source, ")", o.precision == "bf16" ? ", bf16 activations" : "", "; threshold ",
+           threshold, " (", why, ")");
 
   std::vector<size_t> mine;
   for (size_t i = size_t(rank); i < inputs.size(); i += size_t(world)) mine.push_back(i);

@@ -231,7 +231,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "no-tf32", po::bool_switch(),
       "GPU: fp32 convolutions without TF32 tensor cores (slower, closer to the CPU)")(
       "threads", po::value(&o.threads)->default_value(o.threads),
-      "CPU threads per rank (0: OMP_NUM_THREADS, or what the rank's core binding allows)");
+      "CPU threads per rank (0: SLURM_CPUS_PER_TASK, else OMP_NUM_THREADS, else the rank's "
+      "core binding, at most the node's cores over its ranks)");
   po::options_description dist("Distributed");
   dist.add_options()("bucket-mb", po::value(&o.bucket_mb)->default_value(o.bucket_mb),
                      "gradient all-reduce bucket size in MiB (the first bucket is 1 MiB)")(

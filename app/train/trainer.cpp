@@ -150,7 +150,9 @@ void Trainer::choose_device() {
     log_.info("device: GPU ", d.ordinal, " of ", d.visible_count, " (", d.name, ", ", d.pci_bus_id,
               d.shared ? ", shared with other ranks" : "", ")");
   }
-  if (opt_.threads > 0) omp_set_num_threads(opt_.threads);
+  const ThreadChoice threads =
+      choose_threads(opt_.threads, ThreadEnvironment::of_this_process(comm_.local_size()));
+  omp_set_num_threads(threads.threads);
   // Every reduction order is fixed by the world size and the thread count (static OpenMP
   // schedules, oneDNN's fixed blocking, a fixed all-reduce ring); --deterministic also forbids
   // OpenMP from changing the thread count between parallel regions.
@@ -168,7 +170,7 @@ void Trainer::choose_device() {
         cpu_conv_kernels(opt_.deterministic ? CpuConvAlgo::kDirect : parse_cpu_conv(opt_.cpu_conv));
     if (!bf16 && !kernels.empty()) convs += " (" + kernels + ")";
     log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN, ", cpu_isa_name(), "), ",
-              omp_get_max_threads(), " thread(s) per rank, ", convs);
+              threads.threads, " thread(s) per rank (", threads.source, "), ", convs);
   }
 }
 
