@@ -1,8 +1,6 @@
-// The CPU backend: oneDNN convolutions (conv.cpp), created once per shape and cached, plus plain
-// loops for ReLU, max-pool, bilinear upsampling, batch norm, concat, residual add, dropout, loss,
-// metrics and the optimiser update, over fp32 or bf16 activations.
-#include <algorithm>
-#include <cmath>
+// CpuBackend (make_cpu_backend): each op dispatched to its family file (ops.hpp); CPU queries.
+#include "dp/cpu/cpu_backend.hpp"
+
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -13,8 +11,8 @@
 #include "dp/backend.hpp"
 #include "dp/bf16.hpp"
 #include "dp/error.hpp"
-#include "dp/rng.hpp"
 #include "onednn.hpp"
+#include "ops.hpp"
 
 namespace dp {
 namespace {
@@ -28,34 +26,8 @@ auto conv_key(const ConvDesc& d) {
 auto deconv_key(const DeconvDesc& d) {
   return std::make_tuple(d.n, d.h, d.w, d.cin, d.cout, d.kernel, d.relu, d.stride, d.pad);
 }
-// One output coordinate of a bilinear x2 upsample: inputs i0, i1 with weights w0, w1.
-struct Tap {
-  int i0, i1;
-  float w0, w1;
-};
-Tap upsample_tap(int o, int in) {
-  const int k = o / 2;
-  if (o % 2 == 0) return k == 0 ? Tap{0, 0, 1.0f, 0.0f} : Tap{k - 1, k, 0.25f, 0.75f};
-  return k == in - 1 ? Tap{k, k, 1.0f, 0.0f} : Tap{k, k + 1, 0.75f, 0.25f};
-}
-// The outputs that read input i, with their weights (at most four: 2i-1, 2i, 2i+1, 2i+2).
-struct Gather {
-  int o;
-  float w;
-};
-constexpr int kGatherTaps = 4;
-int upsample_gather(int i, int in, Gather* g) {
-  int n = 0;
-  for (int o = std::max(0, 2 * i - 1); o <= std::min(2 * in - 1, 2 * i + 2); ++o) {
-    const Tap t = upsample_tap(o, in);
-    const float w = (t.i0 == i ? t.w0 : 0.0f) + (t.i1 == i ? t.w1 : 0.0f);
-    if (w != 0.0f) g[n++] = {o, w};
-  }
-  return n;
-}
 
-// The element-wise and data-movement ops as loops over T, the activation storage type (float or
-// bf16): each element is widened to fp32, computed in fp32 and stored back as T.
+// Activations as T, the activation storage type (float or bf16).
 template <typename T>
 const T* as(const void* p) {
   return static_cast<const T*>(p);
@@ -63,248 +35,6 @@ const T* as(const void* p) {
 template <typename T>
 T* as(void* p) {
   return static_cast<T*>(p);
-}
-
-template <typename T>
-void maxpool_forward(const Dims& s, const T* src, T* dst, uint8_t* argmax) {
-  const int oh = s.h / 2, ow = s.w / 2, c = s.c;
-  const int64_t rows = int64_t{s.n} * oh;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t n = r / oh, y = r % oh;
-    for (int x = 0; x < ow; ++x) {
-      const T* p00 = src + ((n * s.h + 2 * y) * s.w + 2 * x) * c;
-      const T* p01 = p00 + c;
-      const T* p10 = p00 + int64_t{s.w} * c;
-      const T* p11 = p10 + c;
-      T* o = dst + ((n * oh + y) * ow + x) * c;
-      uint8_t* a = argmax + ((n * oh + y) * ow + x) * c;
-      for (int k = 0; k < c; ++k) {
-        // First maximum in scan order wins, as in PyTorch. (The maximum is one of the inputs, so
-        // storing it back as T is exact.)
-        float best = to_float(p00[k]);
-        uint8_t which = 0;
-        if (const float v = to_float(p01[k]); v > best) best = v, which = 1;
-        if (const float v = to_float(p10[k]); v > best) best = v, which = 2;
-        if (const float v = to_float(p11[k]); v > best) best = v, which = 3;
-        o[k] = from_float<T>(best);
-        a[k] = which;
-      }
-    }
-  }
-}
-
-template <typename T>
-void maxpool_backward(const Dims& s, const uint8_t* argmax, const T* diff_dst, T* diff_src,
-                      bool accumulate) {
-  const int oh = s.h / 2, ow = s.w / 2, c = s.c;
-  const int64_t rows = int64_t{s.n} * oh;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t n = r / oh, y = r % oh;
-    for (int x = 0; x < ow; ++x) {
-      T* q[4];
-      q[0] = diff_src + ((n * s.h + 2 * y) * s.w + 2 * x) * c;
-      q[1] = q[0] + c;
-      q[2] = q[0] + int64_t{s.w} * c;
-      q[3] = q[2] + c;
-      const int64_t o = ((n * oh + y) * ow + x) * c;
-      for (int k = 0; k < c; ++k) {
-        const uint8_t which = argmax[o + k];
-        const float g = to_float(diff_dst[o + k]);
-        for (int j = 0; j < 4; ++j) {
-          const float v = j == which ? g : 0.0f;
-          q[j][k] = from_float<T>(accumulate ? to_float(q[j][k]) + v : v);
-        }
-      }
-    }
-  }
-}
-
-// Bilinear x2 with align_corners=False has fixed weights: output 2k takes 1/4 of input k-1 and
-// 3/4 of input k, output 2k+1 takes 3/4 of k and 1/4 of k+1, clamped at the borders. Plain loops
-// over (row, column) with the channels innermost (oneDNN's generic resampling backward took 3x
-// its forward time here).
-template <typename T>
-void upsample_forward(const Dims& s, const T* src, T* dst) {
-  const int oh = 2 * s.h, ow = 2 * s.w, c = s.c;
-  const int64_t rows = int64_t{s.n} * oh;
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t n = r / oh;
-    const Tap y = upsample_tap(int(r % oh), s.h);
-    const T* row0 = src + (n * s.h + y.i0) * int64_t{s.w} * c;
-    const T* row1 = src + (n * s.h + y.i1) * int64_t{s.w} * c;
-    T* out = dst + r * ow * c;
-    for (int ox = 0; ox < ow; ++ox) {
-      const Tap x = upsample_tap(ox, s.w);
-      const T* a = row0 + int64_t{x.i0} * c;
-      const T* b = row0 + int64_t{x.i1} * c;
-      const T* d = row1 + int64_t{x.i0} * c;
-      const T* e = row1 + int64_t{x.i1} * c;
-      T* o = out + int64_t{ox} * c;
-#pragma omp simd
-      for (int k = 0; k < c; ++k)
-        o[k] = from_float<T>(y.w0 * (x.w0 * to_float(a[k]) + x.w1 * to_float(b[k])) +
-                             y.w1 * (x.w0 * to_float(d[k]) + x.w1 * to_float(e[k])));
-    }
-  }
-}
-
-// The transpose, as a gather: input i collects from outputs 2i-1 .. 2i+2 (upsample_gather), in
-// fp32 (one pixel's channels in a per-thread row, kept between calls), stored once.
-template <typename T>
-void upsample_backward(const Dims& s, const T* diff_dst, T* diff_src) {
-  const int ow = 2 * s.w, c = s.c;
-  const int64_t rows = int64_t{s.n} * s.h;
-#pragma omp parallel
-  {
-    thread_local std::vector<float> row_sum;
-    row_sum.resize(static_cast<size_t>(c));
-    float* acc = row_sum.data();
-#pragma omp for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t n = r / s.h;
-      Gather gy[kGatherTaps];
-      const int ny = upsample_gather(int(r % s.h), s.h, gy);
-      for (int ix = 0; ix < s.w; ++ix) {
-        Gather gx[kGatherTaps];
-        const int nx = upsample_gather(ix, s.w, gx);
-        std::fill(acc, acc + c, 0.0f);
-        for (int j = 0; j < ny; ++j) {
-          const T* row = diff_dst + (n * 2 * s.h + gy[j].o) * int64_t{ow} * c;
-          for (int i = 0; i < nx; ++i) {
-            const float w = gy[j].w * gx[i].w;
-            const T* dy = row + int64_t{gx[i].o} * c;
-#pragma omp simd
-            for (int k = 0; k < c; ++k) acc[k] += w * to_float(dy[k]);
-          }
-        }
-        T* dx = diff_src + (r * s.w + ix) * c;
-#pragma omp simd
-        for (int k = 0; k < c; ++k) dx[k] = from_float<T>(acc[k]);
-      }
-    }
-  }
-}
-
-template <typename T>
-void batchnorm_stats_loop(const Dims& d, const T* src, double* sums) {
-  const int c = d.c;
-  const int64_t pixels = d.pixels();
-  std::fill(sums, sums + 2 * c, 0.0);
-  for (int64_t p = 0; p < pixels; ++p) {
-    const T* x = src + p * c;
-#pragma omp simd
-    for (int k = 0; k < c; ++k) {
-      const double v = to_float(x[k]);
-      sums[k] += v;
-      sums[c + k] += v * v;
-    }
-  }
-}
-
-template <typename T>
-void batchnorm_apply_loop(const Dims& d, const T* src, const float* mean, const float* invstd,
-                          const float* gamma, const float* beta, bool relu, T* dst) {
-  const int c = d.c;
-  const int64_t pixels = d.pixels();
-#pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < pixels; ++p) {
-    const T* x = src + p * c;
-    T* y = dst + p * c;
-#pragma omp simd
-    for (int k = 0; k < c; ++k) {
-      const float v = gamma[k] * (to_float(x[k]) - mean[k]) * invstd[k] + beta[k];
-      y[k] = from_float<T>(relu ? std::fmax(v, 0.0f) : v);
-    }
-  }
-}
-
-template <typename T>
-void batchnorm_backward_stats_loop(const Dims& d, const T* src, const T* dst, bool relu,
-                                   T* diff_dst, const float* mean, const float* invstd,
-                                   double* sums) {
-  const int c = d.c;
-  const int64_t pixels = d.pixels();
-  std::fill(sums, sums + 2 * c, 0.0);
-  for (int64_t p = 0; p < pixels; ++p) {
-    const T* x = src + p * c;
-    T* dy = diff_dst + p * c;
-    if (relu) {
-      const T* y = dst + p * c;
-      for (int k = 0; k < c; ++k)
-        if (!(to_float(y[k]) > 0.0f)) dy[k] = from_float<T>(0.0f);
-    }
-#pragma omp simd
-    for (int k = 0; k < c; ++k) {
-      const double g = to_float(dy[k]);
-      sums[k] += g;
-      sums[c + k] += g * (to_float(x[k]) - mean[k]) * invstd[k];
-    }
-  }
-}
-
-template <typename T>
-void batchnorm_backward_apply_loop(const Dims& d, const T* src, const T* diff_dst,
-                                   const float* mean, const float* invstd, const float* gamma,
-                                   const float* mean_dy, const float* mean_dy_xhat, T* diff_src,
-                                   bool accumulate) {
-  const int c = d.c;
-  const int64_t pixels = d.pixels();
-#pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < pixels; ++p) {
-    const T* x = src + p * c;
-    const T* dy = diff_dst + p * c;
-    T* dx = diff_src + p * c;
-#pragma omp simd
-    for (int k = 0; k < c; ++k) {
-      const float xhat = (to_float(x[k]) - mean[k]) * invstd[k];
-      const float v =
-          gamma[k] * invstd[k] * (to_float(dy[k]) - mean_dy[k] - xhat * mean_dy_xhat[k]);
-      dx[k] = from_float<T>(accumulate ? to_float(dx[k]) + v : v);
-    }
-  }
-}
-
-template <typename T>
-void add_loop(int64_t count, const T* a, const T* b, bool relu, T* dst) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < count; ++i) {
-    const float v = to_float(a[i]) + to_float(b[i]);
-    dst[i] = from_float<T>(relu ? std::fmax(v, 0.0f) : v);
-  }
-}
-
-template <typename T>
-void accumulate_loop(int64_t count, const T* src, T* dst) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < count; ++i) dst[i] = from_float<T>(to_float(dst[i]) + to_float(src[i]));
-}
-
-template <typename T>
-void channel_mask_loop(const Dims& d, const float* mask, const T* src, T* dst) {
-  const int64_t hw = int64_t{d.h} * d.w;
-#pragma omp parallel for schedule(static)
-  for (int64_t p = 0; p < d.pixels(); ++p) {
-    const float* m = mask + (p / hw) * d.c;
-#pragma omp simd
-    for (int k = 0; k < d.c; ++k)
-      dst[p * d.c + k] = from_float<T>(to_float(src[p * d.c + k]) * m[k]);
-  }
-}
-
-template <typename T>
-void relu_forward_loop(int64_t count, const T* src, T* dst) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < count; ++i) dst[i] = from_float<T>(std::fmax(to_float(src[i]), 0.0f));
-}
-
-template <typename T>
-void relu_backward_loop(int64_t count, const T* dst, const T* diff_dst, T* diff_src) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < count; ++i)
-    diff_src[i] = to_float(dst[i]) > 0.0f ? diff_dst[i] : from_float<T>(0.0f);
 }
 
 class CpuBackend final : public Backend {
@@ -354,20 +84,11 @@ class CpuBackend final : public Backend {
   DType activation_type() const override { return bf16_ ? DType::kBFloat16 : DType::kFloat32; }
 
   void to_activation(int64_t count, const float* src, void* dst) override {
-    visit([&](auto t) {
-      using T = decltype(t);
-      T* out = as<T>(dst);
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < count; ++i) out[i] = from_float<T>(src[i]);
-    });
+    visit([&](auto t) { cpu::to_activation(count, src, as<decltype(t)>(dst)); });
   }
 
   void from_activation(int64_t count, const void* src, float* dst) override {
-    visit([&](auto t) {
-      const auto* in = as<decltype(t)>(src);
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < count; ++i) dst[i] = to_float(in[i]);
-    });
+    visit([&](auto t) { cpu::from_activation(count, as<decltype(t)>(src), dst); });
   }
 
   void conv_forward(const ConvDesc& d, const void* src, const float* weight, const float* bias,
@@ -395,70 +116,22 @@ class CpuBackend final : public Backend {
     cpu::ConvPrims& p = deconv(d);
     p.backward(stream_, src, weight, dst, diff_dst, diff_src, diff_weight, diff_bias, scratch());
   }
-
-  void relu_forward(int64_t count, const void* src, void* dst) override {
-    visit([&](auto t) { relu_forward_loop(count, as<decltype(t)>(src), as<decltype(t)>(dst)); });
-  }
-
-  void relu_backward(int64_t count, const void* dst, const void* diff_dst,
-                     void* diff_src) override {
-    visit([&](auto t) {
-      using T = decltype(t);
-      relu_backward_loop(count, as<T>(dst), as<T>(diff_dst), as<T>(diff_src));
-    });
-  }
-
-  void maxpool2x2_forward(const Dims& s, const void* src, void* dst, uint8_t* argmax) override {
-    DP_CHECK(s.h % 2 == 0 && s.w % 2 == 0, "maxpool2x2: input ", s.h, "x", s.w, " is not even");
-    visit([&](auto t) { maxpool_forward(s, as<decltype(t)>(src), as<decltype(t)>(dst), argmax); });
-  }
-
-  void maxpool2x2_backward(const Dims& s, const uint8_t* argmax, const void* diff_dst,
-                           void* diff_src, bool accumulate) override {
-    visit([&](auto t) {
-      maxpool_backward(s, argmax, as<decltype(t)>(diff_dst), as<decltype(t)>(diff_src), accumulate);
-    });
-  }
-
-  void upsample2x_forward(const Dims& s, const void* src, void* dst) override {
-    visit([&](auto t) { upsample_forward(s, as<decltype(t)>(src), as<decltype(t)>(dst)); });
-  }
-
-  void upsample2x_backward(const Dims& s, const void* diff_dst, void* diff_src) override {
-    visit([&](auto t) {
-      upsample_backward(s, as<decltype(t)>(diff_dst), as<decltype(t)>(diff_src));
-    });
-  }
-
   void batchnorm_stats(const Dims& d, const void* src, double* sums) override {
-    visit([&](auto t) { batchnorm_stats_loop(d, as<decltype(t)>(src), sums); });
+    visit([&](auto t) { cpu::batchnorm_stats(d, as<decltype(t)>(src), sums); });
   }
 
   void batchnorm_prepare(int channels, bool training, const double* sums, double count, float eps,
                          float momentum, float* running_mean, float* running_var, float* mean,
                          float* invstd) override {
-    if (!training) {
-      for (int k = 0; k < channels; ++k) {
-        mean[k] = running_mean[k];
-        invstd[k] = 1.0f / std::sqrt(running_var[k] + eps);
-      }
-      return;
-    }
-    std::vector<float>& var = scratch_a_;
-    var.resize(size_t(channels));
-    batchnorm_moments(sums, channels, count, eps, mean, var.data(), invstd);
-    const float unbias = count > 1 ? float(count / (count - 1)) : 1.0f;
-    for (int k = 0; k < channels; ++k) {
-      running_mean[k] = (1 - momentum) * running_mean[k] + momentum * mean[k];
-      running_var[k] = (1 - momentum) * running_var[k] + momentum * var[size_t(k)] * unbias;
-    }
+    cpu::batchnorm_prepare(channels, training, sums, count, eps, momentum, running_mean,
+                           running_var, mean, invstd, scratch_a_);
   }
 
   void batchnorm_apply(const Dims& d, const void* src, const float* mean, const float* invstd,
                        const float* gamma, const float* beta, bool relu, void* dst) override {
     visit([&](auto t) {
       using T = decltype(t);
-      batchnorm_apply_loop(d, as<T>(src), mean, invstd, gamma, beta, relu, as<T>(dst));
+      cpu::batchnorm_apply(d, as<T>(src), mean, invstd, gamma, beta, relu, as<T>(dst));
     });
   }
 
@@ -467,91 +140,96 @@ class CpuBackend final : public Backend {
                                 double* sums, float* diff_gamma, float* diff_beta) override {
     visit([&](auto t) {
       using T = decltype(t);
-      batchnorm_backward_stats_loop(d, as<T>(src), as<T>(dst), relu, as<T>(diff_dst), mean, invstd,
-                                    sums);
+      cpu::batchnorm_backward_stats(d, as<T>(src), as<T>(dst), relu, as<T>(diff_dst), mean, invstd,
+                                    sums, diff_gamma, diff_beta);
     });
-    for (int k = 0; k < d.c; ++k) {
-      diff_gamma[k] = float(sums[d.c + k]);
-      diff_beta[k] = float(sums[k]);
-    }
   }
 
   void batchnorm_backward_apply(const Dims& d, const void* src, const void* diff_dst,
                                 const float* mean, const float* invstd, const float* gamma,
                                 const double* sums, double count, bool training, void* diff_src,
                                 bool accumulate) override {
-    const int c = d.c;
-    std::vector<float>& mean_dy = scratch_a_;
-    std::vector<float>& mean_dy_xhat = scratch_b_;
-    mean_dy.resize(size_t(c));
-    mean_dy_xhat.resize(size_t(c));
-    for (int k = 0; k < c; ++k) {
-      mean_dy[size_t(k)] = training ? float(sums[k] / count) : 0.0f;
-      mean_dy_xhat[size_t(k)] = training ? float(sums[c + k] / count) : 0.0f;
-    }
     visit([&](auto t) {
       using T = decltype(t);
-      batchnorm_backward_apply_loop(d, as<T>(src), as<T>(diff_dst), mean, invstd, gamma,
-                                    mean_dy.data(), mean_dy_xhat.data(), as<T>(diff_src),
-                                    accumulate);
+      cpu::batchnorm_backward_apply(d, as<T>(src), as<T>(diff_dst), mean, invstd, gamma, sums,
+                                    count, training, as<T>(diff_src), accumulate, scratch_a_,
+                                    scratch_b_);
     });
   }
 
   void add_forward(int64_t count, const void* a, const void* b, bool relu, void* dst) override {
     visit([&](auto t) {
       using T = decltype(t);
-      add_loop(count, as<T>(a), as<T>(b), relu, as<T>(dst));
+      cpu::add_forward(count, as<T>(a), as<T>(b), relu, as<T>(dst));
     });
   }
 
   void dropout2d_forward(const Dims& d, float p, const uint64_t* seeds, const void* src,
                          float* mask, void* dst) override {
-    const float keep_scale = 1.0f / (1.0f - p);
-    for (int n = 0; n < d.n; ++n) {
-      Rng rng(seeds[n]);
-      for (int k = 0; k < d.c; ++k) mask[n * d.c + k] = rng.uniform() < p ? 0.0f : keep_scale;
-    }
-    dropout2d_backward(d, mask, src, dst);
+    visit([&](auto t) {
+      using T = decltype(t);
+      cpu::dropout2d_forward(d, p, seeds, as<T>(src), mask, as<T>(dst));
+    });
   }
 
-  // The same channel scaling as the forward.
   void dropout2d_backward(const Dims& d, const float* mask, const void* diff_dst,
                           void* diff_src) override {
     visit([&](auto t) {
-      channel_mask_loop(d, mask, as<decltype(t)>(diff_dst), as<decltype(t)>(diff_src));
+      cpu::dropout2d_backward(d, mask, as<decltype(t)>(diff_dst), as<decltype(t)>(diff_src));
+    });
+  }
+
+  void relu_forward(int64_t count, const void* src, void* dst) override {
+    visit([&](auto t) { cpu::relu_forward(count, as<decltype(t)>(src), as<decltype(t)>(dst)); });
+  }
+
+  void relu_backward(int64_t count, const void* dst, const void* diff_dst,
+                     void* diff_src) override {
+    visit([&](auto t) {
+      using T = decltype(t);
+      cpu::relu_backward(count, as<T>(dst), as<T>(diff_dst), as<T>(diff_src));
+    });
+  }
+
+  void maxpool2x2_forward(const Dims& s, const void* src, void* dst, uint8_t* argmax) override {
+    DP_CHECK(s.h % 2 == 0 && s.w % 2 == 0, "maxpool2x2: input ", s.h, "x", s.w, " is not even");
+    visit([&](auto t) {
+      cpu::maxpool2x2_forward(s, as<decltype(t)>(src), as<decltype(t)>(dst), argmax);
+    });
+  }
+
+  void maxpool2x2_backward(const Dims& s, const uint8_t* argmax, const void* diff_dst,
+                           void* diff_src, bool accumulate) override {
+    visit([&](auto t) {
+      cpu::maxpool2x2_backward(s, argmax, as<decltype(t)>(diff_dst), as<decltype(t)>(diff_src),
+                               accumulate);
+    });
+  }
+
+  void upsample2x_forward(const Dims& s, const void* src, void* dst) override {
+    visit([&](auto t) { cpu::upsample2x_forward(s, as<decltype(t)>(src), as<decltype(t)>(dst)); });
+  }
+
+  void upsample2x_backward(const Dims& s, const void* diff_dst, void* diff_src) override {
+    visit([&](auto t) {
+      cpu::upsample2x_backward(s, as<decltype(t)>(diff_dst), as<decltype(t)>(diff_src));
     });
   }
 
   void concat_forward(const Dims& a, const void* pa, const Dims& b, const void* pb,
                       void* dst) override {
     check_concat(a, b);
-    const size_t e = elem_bytes(), ra = e * size_t(a.c), rb = e * size_t(b.c);
-    const auto* x = static_cast<const char*>(pa);
-    const auto* y = static_cast<const char*>(pb);
-    auto* out = static_cast<char*>(dst);
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < a.pixels(); ++p) {
-      std::memcpy(out + size_t(p) * (ra + rb), x + size_t(p) * ra, ra);
-      std::memcpy(out + size_t(p) * (ra + rb) + ra, y + size_t(p) * rb, rb);
-    }
+    cpu::concat_forward(elem_bytes(), a, pa, b, pb, dst);
   }
 
   void concat_backward(const Dims& a, const Dims& b, const void* diff_dst, void* diff_a,
                        void* diff_b) override {
     check_concat(a, b);
-    const size_t e = elem_bytes(), ra = e * size_t(a.c), rb = e * size_t(b.c);
-    const auto* in = static_cast<const char*>(diff_dst);
-    auto* x = static_cast<char*>(diff_a);
-    auto* y = static_cast<char*>(diff_b);
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < a.pixels(); ++p) {
-      std::memcpy(x + size_t(p) * ra, in + size_t(p) * (ra + rb), ra);
-      std::memcpy(y + size_t(p) * rb, in + size_t(p) * (ra + rb) + ra, rb);
-    }
+    cpu::concat_backward(elem_bytes(), a, b, diff_dst, diff_a, diff_b);
   }
 
   void accumulate_activations(int64_t count, const void* src, void* dst) override {
-    visit([&](auto t) { accumulate_loop(count, as<decltype(t)>(src), as<decltype(t)>(dst)); });
+    visit([&](auto t) { cpu::accumulate(count, as<decltype(t)>(src), as<decltype(t)>(dst)); });
   }
 
   void copy_activations(int64_t count, const void* src, void* dst) override {
@@ -560,132 +238,49 @@ class CpuBackend final : public Backend {
 
   double bce_with_logits(int64_t count, const float* x, const float* y, float pos_weight,
                          float grad_scale, float* dx) override {
-    double sum = 0.0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-    for (int64_t i = 0; i < count; ++i) {
-      // loss = (1-y) x + (1 + (pw-1) y) * softplus(-x); softplus(-x) = log1p(exp(-|x|)) + max(-x,
-      // 0)
-      const float w = 1.0f + (pos_weight - 1.0f) * y[i];
-      const float softplus = std::log1p(std::exp(-std::fabs(x[i]))) + std::fmax(-x[i], 0.0f);
-      sum += static_cast<double>((1.0f - y[i]) * x[i] + w * softplus);
-      const float sig_neg = 1.0f / (1.0f + std::exp(x[i]));  // sigmoid(-x)
-      dx[i] = ((1.0f - y[i]) - w * sig_neg) * grad_scale;
-    }
-    return sum;
+    return cpu::bce_with_logits(count, x, y, pos_weight, grad_scale, dx);
   }
 
   double focal_with_logits(int64_t count, const float* x, const float* y, float alpha, float gamma,
                            float grad_scale, float* dx) override {
-    double sum = 0.0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-    for (int64_t i = 0; i < count; ++i) {
-      // z = +x for a crack pixel, -x for background: p_t = sigmoid(z), BCE = softplus(-z).
-      const bool crack = y[i] > 0.5f;
-      const float z = crack ? x[i] : -x[i];
-      const float a = alpha < 0.0f ? 1.0f : crack ? alpha : 1.0f - alpha;
-      const float ce = std::log1p(std::exp(-std::fabs(z))) + std::fmax(-z, 0.0f);
-      const float q = 1.0f / (1.0f + std::exp(z));  // 1 - p_t
-      const float pt = 1.0f - q;
-      const float qg = gamma == 0.0f ? 1.0f : std::pow(q, gamma);
-      sum += static_cast<double>(a * qg * ce);
-      // d/dz [q^gamma ce] = -q^gamma (gamma p_t ce + q), since dq/dz = -q p_t and dce/dz = -q.
-      const float dz = -a * qg * (gamma * pt * ce + q);
-      dx[i] = (crack ? dz : -dz) * grad_scale;
-    }
-    return sum;
+    return cpu::focal_with_logits(count, x, y, alpha, gamma, grad_scale, dx);
   }
 
   double dice_with_logits(int images, int64_t pixels, const float* x, const float* y, float smooth,
                           float grad_scale, float* dx, bool accumulate) override {
-    double total = 0.0;
-    for (int img = 0; img < images; ++img) {
-      const float* xi = x + int64_t(img) * pixels;
-      const float* yi = y + int64_t(img) * pixels;
-      float* di = dx + int64_t(img) * pixels;
-      double inter = 0.0, card = 0.0;
-#pragma omp parallel for reduction(+ : inter, card) schedule(static)
-      for (int64_t j = 0; j < pixels; ++j) {
-        const double p = 1.0 / (1.0 + std::exp(-double(xi[j])));
-        inter += p * yi[j];
-        card += p + yi[j];
-      }
-      const double den = card + smooth, num = 2.0 * inter + smooth;
-      total += 1.0 - num / den;
-      // d(1 - num/den)/dp_j = -(2 t_j den - num) / den^2; dp/dx = p (1 - p).
-      const float a = float(2.0 / den * grad_scale), b = float(num / (den * den) * grad_scale);
-#pragma omp parallel for schedule(static)
-      for (int64_t j = 0; j < pixels; ++j) {
-        const float p = 1.0f / (1.0f + std::exp(-xi[j]));
-        const float g = (b - a * yi[j]) * p * (1.0f - p);
-        di[j] = accumulate ? di[j] + g : g;
-      }
-    }
-    return total;
+    return cpu::dice_with_logits(images, pixels, x, y, smooth, grad_scale, dx, accumulate);
   }
 
   void confusion_counts(int64_t count, const float* x, const float* y, float threshold,
                         int64_t* counts) override {
-    int64_t tp = 0, fp = 0, fn = 0;
-#pragma omp parallel for reduction(+ : tp, fp, fn) schedule(static)
-    for (int64_t i = 0; i < count; ++i) {
-      const bool pred = x[i] > threshold, truth = y[i] > 0.5f;
-      tp += pred && truth;
-      fp += pred && !truth;
-      fn += !pred && truth;
-    }
-    counts[0] += tp;
-    counts[1] += fp;
-    counts[2] += fn;
+    cpu::confusion_counts(count, x, y, threshold, counts);
   }
 
   void accumulate(int64_t count, const float* src, float* dst) override {
-    accumulate_loop(count, src, dst);
+    cpu::accumulate(count, src, dst);
   }
 
   void sgd_update(int64_t count, float* p, const float* grad, float* m, float lr, float momentum,
                   float weight_decay, bool nesterov) override {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < count; ++i) {
-      const float g = grad[i] + weight_decay * p[i];
-      const float buf = momentum * m[i] + g;
-      m[i] = buf;
-      p[i] -= lr * (nesterov ? g + momentum * buf : buf);
-    }
+    cpu::sgd_update(count, p, grad, m, lr, momentum, weight_decay, nesterov);
   }
 
   void adamw_update(int64_t count, float* p, const float* g, float* m, float* v, float decay,
                     float b1, float b2, float eps, float step_size, float bc2_sqrt) override {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < count; ++i) {
-      p[i] *= decay;
-      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-      v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-      p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
-    }
+    cpu::adamw_update(count, p, g, m, v, decay, b1, b2, eps, step_size, bc2_sqrt);
   }
 
   double sum_squares(int64_t count, const float* src) override {
-    double sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-    for (int64_t i = 0; i < count; ++i) sum += double(src[i]) * double(src[i]);
-    return sum;
+    return cpu::sum_squares(count, src);
   }
 
-  void scale(int64_t count, float alpha, float* dst) override {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < count; ++i) dst[i] *= alpha;
-  }
+  void scale(int64_t count, float alpha, float* dst) override { cpu::scale(count, alpha, dst); }
 
   void ema_update(int64_t count, const float* src, float decay, float* avg) override {
-    const float keep = decay, take = 1.0f - decay;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < count; ++i) avg[i] = keep * avg[i] + take * src[i];
+    cpu::ema_update(count, src, decay, avg);
   }
 
-  void swap(int64_t count, float* a, float* b) override {
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < count; ++i) std::swap(a[i], b[i]);
-  }
+  void swap(int64_t count, float* a, float* b) override { cpu::swap(count, a, b); }
 
  private:
   // Calls f(T{}) with T the activation storage type.
@@ -696,9 +291,7 @@ class CpuBackend final : public Backend {
     else
       f(0.0f);
   }
-  size_t elem_bytes() const {
-    return dtype_bytes(activation_type());
-  }
+  size_t elem_bytes() const { return dtype_bytes(activation_type()); }
 
   static void check_concat(const Dims& a, const Dims& b) {
     DP_CHECK(a.n == b.n && a.h == b.h && a.w == b.w, "concat: shapes differ: [", a.n, ",", a.h, ",",
@@ -731,9 +324,7 @@ class CpuBackend final : public Backend {
     scratch = Buffer();
     scratch = Buffer(bytes);
   }
-  cpu::Scratch scratch() const {
-    return {weight_scratch_.data(), copies_scratch_.data()};
-  }
+  cpu::Scratch scratch() const { return {weight_scratch_.data(), copies_scratch_.data()}; }
 
   dnnl::engine eng_;
   dnnl::stream stream_;
@@ -747,17 +338,6 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
-
-void batchnorm_moments(const double* sums, int channels, double count, float eps, float* mean,
-                       float* var, float* invstd) {
-  for (int k = 0; k < channels; ++k) {
-    const double m = sums[k] / count;
-    const double v = std::max(0.0, sums[channels + k] / count - m * m);
-    mean[k] = float(m);
-    var[k] = float(v);
-    invstd[k] = float(1.0 / std::sqrt(v + double(eps)));
-  }
-}
 
 std::string cpu_conv_kernels(CpuConvAlgo algo) {
   switch (algo) {

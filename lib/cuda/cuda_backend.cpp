@@ -1,151 +1,18 @@
-// dp::cuda::CudaBackend: the Backend on one GPU, on one non-blocking stream: cuDNN convolutions
-// (cudnn_conv.cpp), the own kernels (kernels.cu) for everything else, counted device memory, and
-// the host-side small arrays staged through pinned memory.
+// CudaBackendImpl (make_cuda_backend): each op dispatched to cuDNN (conv.cpp) or its launcher.
 #include "dp/cuda/cuda_backend.hpp"
 
 #include <algorithm>
-#include <cstring>
-#include <mutex>
-#include <unordered_map>
+#include <string>
 #include <vector>
 
-#include "cudnn_conv.hpp"
+#include "conv.hpp"
+#include "device_memory.hpp"
 #include "dp/cuda/device.hpp"
 #include "dp/error.hpp"
 #include "kernels.cuh"
 
 namespace dp::cuda {
 namespace {
-
-// dp::DeviceMemory on the backend's heap: zero-filled allocations, transfers ordered on the stream.
-class CountedMemory final : public DeviceMemory {
- public:
-  explicit CountedMemory(DeviceHeap& heap) : heap_(heap) {}
-
-  void* allocate(size_t bytes) override {
-    if (bytes == 0) return nullptr;
-    void* p = heap_.allocate(bytes, "a tensor");
-    try {
-      DP_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, heap_.stream()));
-      DP_CUDA_CHECK(cudaStreamSynchronize(heap_.stream()));
-      std::lock_guard lock(mutex_);
-      sizes_.emplace(p, bytes);
-    } catch (...) {
-      heap_.free(p, bytes);
-      throw;
-    }
-    return p;
-  }
-
-  void deallocate(void* p) noexcept override {
-    if (p == nullptr) return;
-    size_t bytes = 0;
-    {
-      std::lock_guard lock(mutex_);
-      const auto it = sizes_.find(p);
-      if (it == sizes_.end()) return;  // not ours: never hand it to cudaFree
-      bytes = it->second;
-      sizes_.erase(it);
-    }
-    heap_.free(p, bytes);
-  }
-
-  // The stream is non-blocking: a plain cudaMemcpy would not wait for the work queued on it.
-  void upload(void* device_dst, const void* host_src, size_t bytes) override {
-    if (bytes == 0) return;
-    DP_CUDA_CHECK(
-        cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, heap_.stream()));
-    DP_CUDA_CHECK(cudaStreamSynchronize(heap_.stream()));
-  }
-
-  void download(void* host_dst, const void* device_src, size_t bytes) override {
-    if (bytes == 0) return;
-    DP_CUDA_CHECK(
-        cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, heap_.stream()));
-    DP_CUDA_CHECK(cudaStreamSynchronize(heap_.stream()));
-  }
-
- private:
-  DeviceHeap& heap_;
-  std::mutex mutex_;
-  std::unordered_map<void*, size_t> sizes_;
-};
-
-// The small arrays the Backend interface keeps in host memory (batch-norm sums, seeds, counts,
-// returned scalars), moved through one pinned host buffer and a device buffer of the same size,
-// both handed out in 256-byte aligned slots from a cursor. An upload's slot stays untouched until
-// its copy has run: the cursor only wraps around after the stream has been synchronized (which
-// every download does).
-class Staging {
- public:
-  explicit Staging(DeviceHeap& heap) : heap_(heap) {}
-  ~Staging() {
-    (void)cudaStreamSynchronize(heap_.stream());
-    if (host_ != nullptr) (void)cudaFreeHost(host_);
-    heap_.free(device_, capacity_);
-  }
-  Staging(const Staging&) = delete;
-  Staging& operator=(const Staging&) = delete;
-
-  // A device copy of `bytes` of host memory, enqueued on the stream; `host` may change at once.
-  void* upload(const void* host, size_t bytes) {
-    const size_t slot = reserve(bytes);
-    std::memcpy(host_ + slot, host, bytes);
-    DP_CUDA_CHECK(cudaMemcpyAsync(device_ + slot, host_ + slot, bytes, cudaMemcpyHostToDevice,
-                                  heap_.stream()));
-    return device_ + slot;
-  }
-
-  // A device slot for results (or for inputs an op does not read); fetch() brings it back.
-  void* scratch(size_t bytes) {
-    const size_t slot = reserve(bytes);  // first: it may move device_
-    return device_ + slot;
-  }
-
-  // Copies `bytes` from a slot of this staging buffer to `host` once the queued work is done.
-  void fetch(const void* slot, void* host, size_t bytes) {
-    const size_t offset = size_t(static_cast<const char*>(slot) - device_);
-    DP_CUDA_CHECK(
-        cudaMemcpyAsync(host_ + offset, slot, bytes, cudaMemcpyDeviceToHost, heap_.stream()));
-    DP_CUDA_CHECK(cudaStreamSynchronize(heap_.stream()));
-    std::memcpy(host, host_ + offset, bytes);
-    cursor_ = 0;  // every copy has run
-  }
-
- private:
-  static constexpr size_t kAlign = 256;
-
-  size_t reserve(size_t bytes) {
-    const size_t size = std::max<size_t>(kAlign, (bytes + kAlign - 1) / kAlign * kAlign);
-    if (cursor_ + size > capacity_) {
-      // Wrap around (or grow) once the copies from the slots handed out so far have run.
-      DP_CUDA_CHECK(cudaStreamSynchronize(heap_.stream()));
-      cursor_ = 0;
-      if (size > capacity_) grow(std::max({size, 2 * capacity_, size_t{64} << 10}));
-    }
-    const size_t slot = cursor_;
-    cursor_ += size;
-    return slot;
-  }
-
-  void grow(size_t capacity) {
-    if (host_ != nullptr) DP_CUDA_CHECK(cudaFreeHost(host_));
-    host_ = nullptr;
-    heap_.free(device_, capacity_);
-    device_ = nullptr;
-    capacity_ = 0;
-    void* host = nullptr;
-    DP_CUDA_CHECK(cudaMallocHost(&host, capacity));
-    host_ = static_cast<char*>(host);
-    device_ = static_cast<char*>(heap_.allocate(capacity, "the host-array staging buffer"));
-    capacity_ = capacity;
-  }
-
-  DeviceHeap& heap_;
-  char* host_ = nullptr;    // pinned
-  char* device_ = nullptr;  // same size
-  size_t capacity_ = 0, cursor_ = 0;
-};
 
 std::string cudnn_version() {
   const size_t v = cudnnGetVersion();  // major * 10000 + minor * 100 + patch since cuDNN 9
@@ -174,12 +41,6 @@ class CudaBackendImpl final : public CudaBackend {
   std::string name() const override { return name_; }
   DeviceMemory* device_memory() override { return &memory_; }
   void synchronize() override { stream_.synchronize(); }
-  cudaStream_t stream() const override { return stream_.get(); }
-  size_t allocated_bytes() const override { return heap_.allocated(); }
-  size_t peak_bytes() const override { return heap_.peak(); }
-  size_t workspace_bytes() const override { return workspace_.bytes(); }
-  bool runs_in_bf16(const ConvDesc& d) override { return conv_.runs_in_bf16(d); }
-  bool runs_in_bf16(const DeconvDesc& d) override { return conv_.runs_in_bf16(d); }
 
   DType activation_type() const override { return bf16_ ? DType::kBFloat16 : DType::kFloat32; }
 
@@ -466,6 +327,14 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   void swap(int64_t count, float* a, float* b) override { kernels::swap(s(), count, a, b); }
+
+  // CudaBackend.
+  cudaStream_t stream() const override { return stream_.get(); }
+  size_t allocated_bytes() const override { return heap_.allocated(); }
+  size_t peak_bytes() const override { return heap_.peak(); }
+  size_t workspace_bytes() const override { return workspace_.bytes(); }
+  bool runs_in_bf16(const ConvDesc& d) override { return conv_.runs_in_bf16(d); }
+  bool runs_in_bf16(const DeconvDesc& d) override { return conv_.runs_in_bf16(d); }
 
  private:
   cudaStream_t s() const { return stream_.get(); }

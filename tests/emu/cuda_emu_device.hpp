@@ -1,6 +1,6 @@
 // A CUDA execution model on the CPU, force-included into lib/cuda/*.cu compiled as C++ for tests.
 //
-// The backend's own kernels (lib/cuda/kernels.cu) then run on machines without a GPU: every GPU
+// The backend's own kernels (lib/cuda/*.cu) then run on machines without a GPU: every GPU
 // thread of a block is a fiber (ucontext) on the calling thread, blocks run one after another
 // (after its first launch, a kernel that reached no barrier runs its threads as plain calls).
 // __syncthreads() and the warp shuffles are real barriers between those fibers; each fiber runs

@@ -1,4 +1,4 @@
-// The CUDA backend's own kernels (lib/cuda/kernels.cu), run on the CPU by tests/emu/cuda_emu,
+// The CUDA backend's own kernels (lib/cuda/*.cu), run on the CPU by tests/emu/cuda_emu,
 // against the CPU backend's ops on the same inputs: every launcher, on fp32 and bf16 storage, on
 // the 4-channel vector and the scalar paths, with each launch's own grid and with grid-stride
 // loops forced to take several turns. Runs everywhere (no GPU needed).

@@ -222,40 +222,7 @@ void batchnorm_moments(const double* sums, int channels, double count, float eps
 // batch-norm statistics, the loss and all reductions are fp32 in both.
 enum class Precision { kFloat32, kBFloat16 };
 
-// How the CPU backend runs fp32 3x3 stride-1 convolutions, pass by pass (forward, backward data,
-// backward weights). kDirect (the library's default): oneDNN's direct kernels only, bitwise
-// reproducible. kAuto (dptrain's default, --cpu-conv): the direct kernel on NHWC, or an
-// alternative on blocked copies of the activations where that measured faster on this machine:
-// oneDNN's Winograd kernel (F(4x4, 3x3); AVX-512 only) or, where it has none, its direct kernels on
-// its blocked layout (nChw8c on AVX2). Both are timed on the layer's own tensors at the pass's
-// first use, for passes of at least 0.2 GFLOP whose scratchpad fits 96 MiB (the choice may differ
-// between runs and ranks; results differ in the last bits). The backend's own kernels on oneDNN's
-// sgemm are timed with them (lib/cpu/conv_gemm.hpp): nine GEMMs per pass, one per kernel tap, on
-// zero-bordered copies of each image (up to 2x faster than oneDNN 2.6's backward-weights kernels
-// on AVX2), and Winograd F(2x2, 3x3) on 16 GEMMs. kWinograd: oneDNN's Winograd wherever it has
-// it, whatever its memory; kBlocked: the direct kernels on blocked copies; kGemm: the shifted
-// GEMMs; kGemmWinograd: Winograd on GEMMs; each for every 3x3 stride-1 pass (tests, benchmarks).
-enum class CpuConvAlgo { kDirect, kAuto, kWinograd, kBlocked, kGemm, kGemmWinograd };
-
-struct CpuOptions {
-  Precision precision = Precision::kFloat32;
-  CpuConvAlgo conv_algo = CpuConvAlgo::kDirect;  // fp32 only: bf16 convolutions are direct
-};
-
-// The oneDNN backend (lib/cpu/). Threads follow OMP_NUM_THREADS. bf16 needs AVX512-BF16 or AMX.
-std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& options);
-inline std::unique_ptr<Backend> make_cpu_backend(Precision precision = Precision::kFloat32) {
-  return make_cpu_backend(CpuOptions{precision});
-}
-// The instruction set oneDNN runs on this CPU ("avx2", "avx512_core", ...), after any
-// ONEDNN_MAX_CPU_ISA cap: for logs and errors.
-std::string cpu_isa_name();
-// Empty when oneDNN has Winograd convolutions on this CPU, else why not (errors, test skips).
-std::string cpu_winograd_support();
-// What fp32 3x3 convolutions run on under `algo` on this CPU, for the start-up line ("3x3: ...";
-// empty for kDirect): only the candidates that exist here.
-std::string cpu_conv_kernels(CpuConvAlgo algo);
-// Empty when this CPU runs bf16 convolutions natively, else why not (for errors and test skips).
-std::string cpu_bf16_support();
-
 }  // namespace dp
+
+// The CPU backend's factory and CPU queries, for the users of this header that predate it.
+#include "dp/cpu/cpu_backend.hpp"  // IWYU pragma: export

@@ -1,5 +1,4 @@
-// The CUDA backend's convolutions (internal): counted device memory, the workspace arena, and
-// cuDNN plans per shape whose forward / backward-data / backward-filter algorithms are chosen once.
+// The CUDA backend's cuDNN convolutions (internal): plans per shape, algorithms chosen once.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,63 +14,11 @@
 #include <string>
 #include <tuple>
 
+#include "device_memory.hpp"
 #include "dp/backend.hpp"
 #include "dp/cuda/cuda_backend.hpp"
 
 namespace dp::cuda {
-
-// The backend's device allocations (cudaMalloc on the current device, never managed memory),
-// counted: bytes held now and the most ever held at once. Not zero-filled here.
-class DeviceHeap {
- public:
-  explicit DeviceHeap(cudaStream_t stream);
-  DeviceHeap(const DeviceHeap&) = delete;
-  DeviceHeap& operator=(const DeviceHeap&) = delete;
-
-  // Throws dp::Error naming `what`, the size in MiB, what this backend already holds and the
-  // device when cudaMalloc fails. nullptr for 0 bytes.
-  void* allocate(size_t bytes, const char* what);
-  // nullptr when the device is out of memory (the error is cleared); other errors throw.
-  void* try_allocate(size_t bytes);
-  // Waits for the stream first: queued work may still use the memory. Never throws.
-  void free(void* p, size_t bytes) noexcept;
-
-  size_t allocated() const;
-  size_t peak() const;
-  cudaStream_t stream() const { return stream_; }
-  const std::string& device() const { return device_; }  // "device 0 (NVIDIA H200, 0000:41:00.0)"
-
- private:
-  void* malloc_counted(size_t bytes, cudaError_t* status);
-
-  cudaStream_t stream_;
-  std::string device_;
-  mutable std::mutex mutex_;
-  size_t allocated_ = 0, peak_ = 0;
-};
-
-// One device allocation from a DeviceHeap that only grows. Work on one stream runs in order, so
-// every op may reuse the whole region; growing waits for the queued work (old contents are lost).
-class Arena {
- public:
-  Arena(DeviceHeap& heap, const char* what) : heap_(heap), what_(what) {}
-  ~Arena() { heap_.free(data_, bytes_); }
-  Arena(const Arena&) = delete;
-  Arena& operator=(const Arena&) = delete;
-
-  void* data() const { return data_; }
-  size_t bytes() const { return bytes_; }
-  // Grows to at least `bytes`; throws dp::Error (the heap's message) when the device is full.
-  void reserve(size_t bytes);
-  // Like reserve, but false (keeping the old size) when the device cannot hold `bytes`.
-  bool try_reserve(size_t bytes);
-
- private:
-  DeviceHeap& heap_;
-  const char* what_;
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 // Convolutions and transposed convolutions on cuDNN's legacy convolution API, NHWC activations,
 // weights in PyTorch's layout. Every call is enqueued on the heap's stream (the handle must be
@@ -143,7 +90,7 @@ class ConvEngine {
   bool runs_in_bf16(const ConvDesc& d);
   bool runs_in_bf16(const DeconvDesc& d);
 
-  struct Plan;  // cudnn_conv.cpp
+  struct Plan;  // conv.cpp
 
  private:
   // n, h, w, cin, cout, kernel, stride, pad (a plan does not depend on bias or ReLU).

@@ -1,0 +1,55 @@
+// CPU ops on fp32 parameters: SGD, AdamW, clipping's sum of squares and scale, EMA, swap.
+#include <cmath>
+#include <cstdint>
+#include <utility>
+
+#include "ops.hpp"
+
+namespace dp::cpu {
+
+void sgd_update(int64_t count, float* p, const float* grad, float* m, float lr, float momentum,
+                float weight_decay, bool nesterov) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    const float g = grad[i] + weight_decay * p[i];
+    const float buf = momentum * m[i] + g;
+    m[i] = buf;
+    p[i] -= lr * (nesterov ? g + momentum * buf : buf);
+  }
+}
+
+void adamw_update(int64_t count, float* p, const float* g, float* m, float* v, float decay,
+                  float b1, float b2, float eps, float step_size, float bc2_sqrt) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) {
+    p[i] *= decay;
+    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+    p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
+  }
+}
+
+double sum_squares(int64_t count, const float* src) {
+  double sum = 0;
+#pragma omp parallel for reduction(+ : sum) schedule(static)
+  for (int64_t i = 0; i < count; ++i) sum += double(src[i]) * double(src[i]);
+  return sum;
+}
+
+void scale(int64_t count, float alpha, float* dst) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) dst[i] *= alpha;
+}
+
+void ema_update(int64_t count, const float* src, float decay, float* avg) {
+  const float keep = decay, take = 1.0f - decay;
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) avg[i] = keep * avg[i] + take * src[i];
+}
+
+void swap(int64_t count, float* a, float* b) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < count; ++i) std::swap(a[i], b[i]);
+}
+
+}  // namespace dp::cpu
