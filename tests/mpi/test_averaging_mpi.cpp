@@ -26,13 +26,9 @@ class SharedDir : public test::SharedDir {
 
 // The same global batch (4) on any world size: 4 steps per epoch.
 app::TrainOptions options(const SharedDir& dir, const std::string& run) {
-  app::TrainOptions o;
-  o.data = dir.file("data.h5");
-  o.model_dir = dir.file(run);
+  app::TrainOptions o =
+      test::tiny_training(dir.file("data.h5"), dir.file(run), 4 / test::world().size());
   o.deterministic = true;
-  o.batch_size = 4 / test::world().size();
-  o.width_divisor = 16;
-  o.lr = 0.05;
   o.seed = 9;
   o.epochs = 2;
   return o;
@@ -42,7 +38,7 @@ int run(const app::TrainOptions& o, const char* preempt_at = nullptr) {
   if (preempt_at != nullptr) setenv("DP_TEST_PREEMPT_AT", preempt_at, 1);
   int code = -1;
   {
-    app::Trainer t(o, test::world(), Logger(1, false));
+    app::Trainer t(o, test::world(), test::quiet_logger());
     code = t.run();
   }
   unsetenv("DP_TEST_PREEMPT_AT");

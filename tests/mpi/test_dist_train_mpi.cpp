@@ -28,24 +28,13 @@ constexpr int64_t kVal = 5;  // np=3: 2, 2, 1 validation samples per rank; never
 app::TrainOptions options(const std::string& data, const std::string& model_dir, int batch,
                           const std::string& precision = "fp32", const std::string& loss = "bce",
                           const std::string& pos_weight = "none") {
-  app::TrainOptions o;
+  app::TrainOptions o = test::tiny_training(data, model_dir, batch);
   o.precision = precision;
   o.loss = loss;
   o.pos_weight = pos_weight;
-  o.data = data;
-  o.model_dir = model_dir;
-  o.batch_size = batch;
-  o.width_divisor = 16;
-  o.lr = 0.05;
-  o.seed = 5;
-  o.epochs = 1;
   o.threshold = 0.35;  // after one epoch some pixels are above it and some below: IoU not trivial
   o.tolerance = 1;     // ODS/OIS/AP with the tolerance's neighbourhoods
   return o;
-}
-
-Logger quiet() {
-  return Logger(1, false);  // a logger for rank 1 prints nothing
 }
 
 std::string write_dataset(const SharedDir& dir) {
@@ -81,7 +70,7 @@ void expect_world_size_independent(const std::string& precision, const std::stri
   SharedDir dir;
   const std::string data = write_dataset(dir);
   app::Trainer tw(options(data, dir.file("npW"), 2, precision, loss, pos_weight), test::world(),
-                  quiet());
+                  test::quiet_logger());
   const std::vector<float> start = weights(tw);
   const app::EpochMetrics train_w = tw.train_epoch(0);
   const app::EpochMetrics valid_w = tw.validate();
@@ -89,7 +78,7 @@ void expect_world_size_independent(const std::string& precision, const std::stri
 
   SelfComm self;
   app::Trainer t1(options(data, dir.file("np1"), 2 * W, precision, loss, pos_weight), self,
-                  quiet());
+                  test::quiet_logger());
   const app::EpochMetrics train_1 = t1.train_epoch(0);
   const app::EpochMetrics valid_1 = t1.validate();
   const double err = update_error(start, weights(tw), weights(t1));
@@ -152,11 +141,11 @@ TEST(DistTrain, AccumulationEqualsALargerBatch) {
   auto acc_options = options(data, dir.file("acc"), 2);
   acc_options.accumulation_steps = 2;
   acc_options.bucket_mb = 0.01;  // several buckets, some smaller than a tensor
-  app::Trainer acc(acc_options, test::world(), quiet());
+  app::Trainer acc(acc_options, test::world(), test::quiet_logger());
   const std::vector<float> start = weights(acc);
   const app::EpochMetrics m_acc = acc.train_epoch(0);
 
-  app::Trainer big(options(data, dir.file("big"), 4), test::world(), quiet());
+  app::Trainer big(options(data, dir.file("big"), 4), test::world(), test::quiet_logger());
   ASSERT_EQ(weights(big), start);
   const app::EpochMetrics m_big = big.train_epoch(0);
   EXPECT_EQ(acc.state().step, big.state().step);  // optimiser steps, not micro-batches
@@ -192,7 +181,7 @@ TEST(DistTrain, AccumulationReducesOncePerOptimiserStep) {
   CountingComm counting;
   auto o = options(data, dir.file("count"), 2);
   o.accumulation_steps = 3;  // 11 samples, batch 2: 6 micro-batches -> 2 optimiser steps
-  app::Trainer t(o, counting, quiet());
+  app::Trainer t(o, counting, test::quiet_logger());
   t.train_epoch(0);
   EXPECT_EQ(t.state().step, 2);
   EXPECT_EQ(counting.float_reductions, 2);
@@ -203,7 +192,7 @@ TEST(DistTrain, CheckSyncNamesTheFirstTensorThatDiffers) {
   const std::string data = write_dataset(dir);
   auto o = options(data, dir.file("sync"), 2);
   o.check_sync_every = 1;
-  app::Trainer t(o, test::world(), quiet());
+  app::Trainer t(o, test::world(), test::quiet_logger());
   t.train_epoch(0);  // checks after every step: in sync
   t.check_sync();
   // Rank 1 alone changes one element of one tensor (the last in the arena, the first declared).

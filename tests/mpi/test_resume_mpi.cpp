@@ -29,20 +29,10 @@ class SharedDir : public test::SharedDir {
 };
 
 app::TrainOptions options(const SharedDir& dir, const std::string& run, int batch) {
-  app::TrainOptions o;
-  o.data = dir.file("data.h5");
-  o.model_dir = dir.file(run);
+  app::TrainOptions o = test::tiny_training(dir.file("data.h5"), dir.file(run), batch);
   o.deterministic = true;  // the bitwise comparisons below are what --deterministic promises
-  o.batch_size = batch;
-  o.width_divisor = 16;
-  o.lr = 0.05;
-  o.seed = 5;
   o.epochs = 2;
   return o;
-}
-
-Logger quiet() {
-  return Logger(1, false);
 }
 
 // Runs a Trainer with DP_TEST_PREEMPT_AT set (empty: unset); returns run()'s exit code.
@@ -50,7 +40,7 @@ int run_with_preempt_at(const app::TrainOptions& o, const char* at, Comm& comm) 
   if (at != nullptr) setenv("DP_TEST_PREEMPT_AT", at, 1);
   int code = -1;
   {
-    app::Trainer t(o, comm, quiet());
+    app::Trainer t(o, comm, test::quiet_logger());
     code = t.run();
   }
   unsetenv("DP_TEST_PREEMPT_AT");
@@ -93,7 +83,7 @@ TEST(ResumeMpi, SignalMidEpochOnOneRankThenResumeEqualsUninterruptedBitwise) {
     EXPECT_EQ(run_with_preempt_at(o, "1:2", test::world()), app::kExitPreempted);
     EXPECT_TRUE(std::filesystem::exists(o.model_dir + "/model_epoch_0_step_2.h5"));
     {
-      app::Trainer t(o, test::world(), quiet());
+      app::Trainer t(o, test::world(), test::quiet_logger());
       EXPECT_EQ(t.start_epoch(), 0);
       EXPECT_EQ(t.state().epoch_step, 2);
       EXPECT_EQ(t.state().epoch_position, 2 * batch * accumulation * 2);

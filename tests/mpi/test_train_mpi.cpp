@@ -17,20 +17,8 @@ namespace {
 using test::SharedDir;
 
 app::TrainOptions options(const std::string& data, const std::string& model_dir, int batch) {
-  app::TrainOptions o;
-  o.data = data;
-  o.model_dir = model_dir;
-  o.batch_size = batch;
-  o.width_divisor = 16;
-  o.lr = 0.05;
-  o.seed = 5;
-  o.epochs = 1;
-  return o;
+  return test::tiny_training(data, model_dir, batch);
 }
-
-Logger quiet() {
-  return Logger(1, false);
-}  // rank 1's logger prints nothing
 
 void write_dataset_on_root(const std::string& path, int64_t train, int64_t val, int size = 32) {
   if (test::world().rank() == 0) test::write_tiny_dataset(path, train, val, size);
@@ -48,7 +36,7 @@ double compare_np2_np1(const std::string& data, int64_t max_steps, const SharedD
   auto o2 = options(data, dir.file("np2"), 2);
   o2.max_steps = max_steps;
   if (customize) customize(o2);
-  app::Trainer t2(o2, test::world(), quiet());
+  app::Trainer t2(o2, test::world(), test::quiet_logger());
   const app::EpochMetrics train2 = t2.train_epoch(0);
   const app::EpochMetrics valid2 = t2.validate();
   if (test::world().rank() != 0) return 0;
@@ -57,7 +45,7 @@ double compare_np2_np1(const std::string& data, int64_t max_steps, const SharedD
   auto o1 = options(data, dir.file("np1"), 4);
   o1.max_steps = max_steps;
   if (customize) customize(o1);
-  app::Trainer t1(o1, self, quiet());
+  app::Trainer t1(o1, self, test::quiet_logger());
   const app::EpochMetrics train1 = t1.train_epoch(0);
   const app::EpochMetrics valid1 = t1.validate();
 
@@ -120,15 +108,15 @@ TEST(TrainMpi, ResumeEqualsUninterrupted) {
   write_dataset_on_root(dir.file("data.h5"), 12, 4);
   auto straight = options(dir.file("data.h5"), dir.file("straight"), 2);
   straight.epochs = 2;
-  app::Trainer(straight, test::world(), quiet()).run();
+  app::Trainer(straight, test::world(), test::quiet_logger()).run();
 
   auto first = options(dir.file("data.h5"), dir.file("resumed"), 2);
   first.epochs = 1;
-  app::Trainer(first, test::world(), quiet()).run();
+  app::Trainer(first, test::world(), test::quiet_logger()).run();
   auto second = first;
   second.epochs = 2;
   {  // destroyed before the next Trainer: one holds --model-dir's lock at a time
-    app::Trainer resumed(second, test::world(), quiet());
+    app::Trainer resumed(second, test::world(), test::quiet_logger());
     EXPECT_EQ(resumed.start_epoch(), 1);
     resumed.run();
   }
@@ -155,7 +143,7 @@ TEST(TrainMpi, ResumeEqualsUninterrupted) {
   }
 
   // Asking for no more epochs than done trains nothing.
-  app::Trainer done(second, test::world(), quiet());
+  app::Trainer done(second, test::world(), test::quiet_logger());
   EXPECT_EQ(done.start_epoch(), 2);
   EXPECT_EQ(done.run(), 0);
 }

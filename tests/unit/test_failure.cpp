@@ -20,9 +20,7 @@ constexpr double kMaxSeconds = 30.0;
 constexpr int kKillAfterSeconds = 60;
 
 std::string dptrain(int np, const std::string& args, const std::string& env = "") {
-  return "timeout -k 5 " + std::to_string(kKillAfterSeconds) + " " +
-         (env.empty() ? "" : "env " + env + " ") + std::string(DP_MPIEXEC) + " -n " +
-         std::to_string(np) + " " + DP_DPTRAIN + " " + args;
+  return test::mpiexec_command(DP_MPIEXEC, np, DP_DPTRAIN, args, env, kKillAfterSeconds);
 }
 
 int count(const std::string& text, const std::string& what) {

@@ -10,13 +10,10 @@
 namespace dp {
 namespace {
 
-constexpr int kExitPreempted = 75;
-constexpr int kKillAfterSeconds = 120;  // a hung job fails the test instead of hanging it
+using app::kExitPreempted;
 
 std::string dptrain(int np, const std::string& args, const std::string& env = "") {
-  return "timeout -k 5 " + std::to_string(kKillAfterSeconds) + " " +
-         (env.empty() ? "" : "env " + env + " ") + std::string(DP_MPIEXEC) + " -n " +
-         std::to_string(np) + " " + DP_DPTRAIN + " " + args;
+  return test::mpiexec_command(DP_MPIEXEC, np, DP_DPTRAIN, args, env);
 }
 
 bool has(const std::string& text, const std::string& what) {

@@ -110,4 +110,24 @@ CommandResult run_command(const std::string& command) {
   return r;
 }
 
+std::string mpiexec_command(const std::string& mpiexec, int np, const std::string& program,
+                            const std::string& args, const std::string& env,
+                            int kill_after_seconds) {
+  return "timeout -k 5 " + std::to_string(kill_after_seconds) + " " +
+         (env.empty() ? "" : "env " + env + " ") + mpiexec + " -n " + std::to_string(np) + " " +
+         program + " " + args;
+}
+
+app::TrainOptions tiny_training(const std::string& data, const std::string& model_dir, int batch) {
+  app::TrainOptions o;
+  o.data = data;
+  o.model_dir = model_dir;
+  o.batch_size = batch;
+  o.width_divisor = 16;
+  o.lr = 0.05;
+  o.seed = 5;
+  o.epochs = 1;
+  return o;
+}
+
 }  // namespace dp::test

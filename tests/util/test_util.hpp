@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "dp/error.hpp"
+#include "dp/log.hpp"
+#include "train/options.hpp"
 
 namespace dp::mpi {
 class MpiComm;
@@ -84,5 +86,20 @@ struct CommandResult {
   std::string output;
 };
 CommandResult run_command(const std::string& command);
+
+// "timeout -k 5 T [env ENV] MPIEXEC -n NP PROGRAM ARGS": a job that hangs fails its test after
+// kill_after_seconds instead of hanging it.
+std::string mpiexec_command(const std::string& mpiexec, int np, const std::string& program,
+                            const std::string& args, const std::string& env = "",
+                            int kill_after_seconds = 120);
+
+// The training tests' options: UNet16 at width divisor 16, `batch` per rank, lr 0.05, seed 5, one
+// epoch, on `data`, checkpoints in `model_dir`.
+app::TrainOptions tiny_training(const std::string& data, const std::string& model_dir, int batch);
+
+// A logger that prints nothing (rank 1's, without --log-all-ranks).
+inline Logger quiet_logger() {
+  return Logger(1, false);
+}
 
 }  // namespace dp::test
