@@ -524,7 +524,13 @@ File::File(const std::string& path, Mode mode) : path_(path) {
     const htri_t is_hdf5 = H5Fis_hdf5(path.c_str());
     DP_H5_CHECK_MSG(is_hdf5, "cannot open HDF5 file '", path, "'");
     DP_CHECK(is_hdf5 > 0, "cannot open HDF5 file '", path, "': not an HDF5 file");
-    id_ = DP_H5_ID(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "cannot open HDF5 file '",
+    // Without HDF5's file lock: reading needs none (every file dptrain and dpprep write is
+    // renamed into place whole), and its flock() fails on file systems without locks (Lustre,
+    // GPFS, Cray DVS: EOPNOTSUPP or 524), which would otherwise take HDF5_USE_FILE_LOCKING=FALSE.
+    Id fapl = DP_H5_ID(H5Pcreate(H5P_FILE_ACCESS), "creating a file access property list");
+    DP_H5_CHECK_MSG(H5Pset_file_locking(fapl.get(), false, true),
+                    "turning HDF5 file locking off for reading '", path, "'");
+    id_ = DP_H5_ID(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()), "cannot open HDF5 file '",
                    path, "'");
   } else {
     const size_t slash = path.find_last_of('/');
