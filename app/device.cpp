@@ -8,6 +8,8 @@
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
+#include <vector>
 
 #include "agreement.hpp"
 #include "dp/mpi_comm.hpp"
@@ -75,6 +77,47 @@ ThreadChoice choose_threads(int requested, const ThreadEnvironment& env) {
     return {env.affinity_cpus, str_cat("the rank's CPU binding (", env.affinity_cpus, ")")};
   return {share, str_cat("the node's ", env.node_cpus, " CPUs over its ", env.local_ranks,
                          " rank(s): the rank is not bound to its own cores")};
+}
+
+std::string oversubscription_warning(Comm& comm, int threads) {
+  constexpr size_t kMaskWords = 1024 / 64;
+  constexpr size_t kSlot = 2 + kMaskWords;  // node hash, threads, mask
+  const size_t world = size_t(comm.size());
+  std::vector<int64_t> v(world * kSlot, 0);
+  int64_t* mine = v.data() + size_t(comm.rank()) * kSlot;
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  mine[0] = int64_t(std::hash<std::string>{}(host) >> 2);  // the node, as a non-negative number
+  mine[1] = threads;
+  cpu_set_t mask;
+  CPU_ZERO(&mask);
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0)
+    for (size_t cpu = 0; cpu < kMaskWords * 64 && cpu < CPU_SETSIZE; ++cpu)
+      if (CPU_ISSET(cpu, &mask)) mine[2 + cpu / 64] |= int64_t(uint64_t{1} << (cpu % 64));
+  comm.allreduce_sum(v.data(), v.size());  // one rank writes each slot: the sum is a copy
+  std::vector<bool> done(world, false);
+  for (size_t r = 0; r < world; ++r) {
+    if (done[r]) continue;
+    std::vector<uint64_t> cpus(kMaskWords, 0);
+    int64_t node_threads = 0;
+    std::string ranks;
+    for (size_t q = r; q < world; ++q) {
+      if (v[q * kSlot] != v[r * kSlot]) continue;
+      done[q] = true;
+      node_threads += v[q * kSlot + 1];
+      for (size_t w = 0; w < kMaskWords; ++w) cpus[w] |= uint64_t(v[q * kSlot + 2 + w]);
+      ranks += str_cat(ranks.empty() ? "" : ",", q);
+    }
+    int covered = 0;
+    for (uint64_t w : cpus) covered += __builtin_popcountll(w);
+    if (covered > 0 && node_threads > covered)
+      return str_cat("ranks ", ranks, " on one node run ", node_threads, " threads on the ",
+                     covered,
+                     " CPU(s) their bindings cover: bind each rank to cores of its own (mpirun "
+                     "--map-by slot:PE=<threads> --bind-to core, srun --cpu-bind=cores) or lower "
+                     "--threads");
+  }
+  return {};
 }
 
 struct Device::Cuda {

@@ -40,6 +40,12 @@ struct ThreadEnvironment {
 // positive number is passed over.
 ThreadChoice choose_threads(int requested, const ThreadEnvironment& env);
 
+// On every rank, collectively (one all-reduce): the warning, for rank 0 to print, when the ranks of
+// a node run more threads than the CPUs their affinity masks cover together (masks that overlap,
+// e.g. --threads above what each rank was bound to), naming the ranks and the fix; else empty.
+// Masks past CPU 1023 are not seen.
+std::string oversubscription_warning(Comm& comm, int threads);
+
 struct DeviceRequest {
   std::string device = "auto";  // --device cpu|cuda|auto
   std::string program;          // "dptrain", "dppredict": for the error lines

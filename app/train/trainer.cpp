@@ -153,6 +153,9 @@ void Trainer::choose_device() {
   const ThreadChoice threads =
       choose_threads(opt_.threads, ThreadEnvironment::of_this_process(comm_.local_size()));
   omp_set_num_threads(threads.threads);
+  if (const std::string w = oversubscription_warning(comm_, threads.threads);
+      !w.empty() && comm_.rank() == 0)
+    log_.warn(w);
   // Every reduction order is fixed by the world size and the thread count (static OpenMP
   // schedules, oneDNN's fixed blocking, a fixed all-reduce ring); --deterministic also forbids
   // OpenMP from changing the thread count between parallel regions.

@@ -71,5 +71,30 @@ TEST(Threads, UnboundRanksUnderMpiexecAddUpToTheCores) {
       << r.output;
 }
 
+// More threads than the cores the ranks' bindings cover together: one warning naming the ranks.
+TEST(Threads, RanksWhoseThreadsExceedTheirCoresAreOneWarning) {
+  test::TempDir dir;
+  const std::string data = dir.file("tiny.h5");
+  test::write_tiny_dataset(data, 8, 4, 32);
+  const int cores = int(sysconf(_SC_NPROCESSORS_ONLN));
+  const std::string train =
+      std::string(DP_MPIEXEC) + " -n 2 " + DP_DPTRAIN + " --data " + data +
+      " --width-divisor 16 --batch-size 2 --epochs 1 --max-steps 1 --threads ";
+  const auto over =
+      test::run_command(train + std::to_string(cores) + " --model-dir " + dir.file("over"));
+  ASSERT_EQ(over.status, 0) << over.output;
+  const std::string warning = "ranks 0,1 on one node run " + std::to_string(2 * cores) +
+                              " threads on the " + std::to_string(cores) + " CPU(s)";
+  EXPECT_NE(over.output.find(warning), std::string::npos) << over.output;
+  EXPECT_EQ(over.output.find("warning: ranks", over.output.find(warning) + 1), std::string::npos)
+      << "one warning, from rank 0 only\n"
+      << over.output;
+  const auto fine = test::run_command(train + "1 --model-dir " + dir.file("fine"));
+  ASSERT_EQ(fine.status, 0) << fine.output;
+  if (cores >= 2) {
+    EXPECT_EQ(fine.output.find("threads on the"), std::string::npos) << fine.output;
+  }
+}
+
 }  // namespace
 }  // namespace dp::app
