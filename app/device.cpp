@@ -51,6 +51,35 @@ std::string getenv_string(const char* name) {
   return v != nullptr ? v : "";
 }
 
+// This process's node, as a non-negative number (a hash of its host name).
+int64_t node_hash() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return int64_t(std::hash<std::string>{}(host) >> 2);
+}
+
+#ifdef DP_WITH_CUDA
+// Whether the launcher gave every rank of this node GPUs of its own (srun --gpus-per-task, or a
+// CUDA_VISIBLE_DEVICES per rank): the first visible GPU of each of the node's ranks is a different
+// physical one (PCI bus id). One all-reduce, on every rank.
+bool gpus_isolated_per_rank(Comm& comm, int visible) {
+  const size_t world = size_t(comm.size());
+  std::vector<int64_t> v(2 * world, 0);  // per rank: node, bus id of its first GPU
+  v[2 * size_t(comm.rank())] = node_hash();
+  char bus_id[32] = {};
+  if (visible > 0 && cudaDeviceGetPCIBusId(bus_id, sizeof bus_id, 0) == cudaSuccess)
+    v[2 * size_t(comm.rank()) + 1] = int64_t(std::hash<std::string>{}(bus_id) >> 2) | 1;
+  comm.allreduce_sum(v.data(), v.size());
+  const int64_t node = v[2 * size_t(comm.rank())];
+  std::vector<int64_t> buses;
+  for (size_t r = 0; r < world; ++r)
+    if (v[2 * r] == node) buses.push_back(v[2 * r + 1]);
+  std::sort(buses.begin(), buses.end());
+  return buses.size() > 1 && buses.front() != 0 &&
+         std::adjacent_find(buses.begin(), buses.end()) == buses.end();
+}
+#endif
+
 }  // namespace
 
 ThreadEnvironment ThreadEnvironment::of_this_process(int local_ranks) {
@@ -85,9 +114,7 @@ std::string oversubscription_warning(Comm& comm, int threads) {
   const size_t world = size_t(comm.size());
   std::vector<int64_t> v(world * kSlot, 0);
   int64_t* mine = v.data() + size_t(comm.rank()) * kSlot;
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  mine[0] = int64_t(std::hash<std::string>{}(host) >> 2);  // the node, as a non-negative number
+  mine[0] = node_hash();
   mine[1] = threads;
   cpu_set_t mask;
   CPU_ZERO(&mask);
@@ -137,17 +164,21 @@ Device::Device(const DeviceRequest& request, Comm& comm)
   if (request.device == "auto")
     gpu_ = comm.all_true(cuda::visible_device_count() > 0);  // every rank decides the same
   if (!gpu_) return;
+  const int visible = cuda::visible_device_count();
+  // Fewer GPUs visible than ranks on the node, each rank's own (srun --gpus-per-task): the rank
+  // takes its first; otherwise its node-local rank picks one of the node's GPUs.
+  const bool isolated = comm.local_size() > visible && gpus_isolated_per_rank(comm, visible);
+  const int rank = isolated ? 0 : comm.local_rank(), ranks = isolated ? 1 : comm.local_size();
   collectively(comm, [&] {
-    const int visible = cuda::visible_device_count();
     if (visible > 0)  // else select_device says why none is visible
-      gpu_for_rank(comm.local_rank(), comm.local_size(), visible, request.allow_sharing);
+      gpu_for_rank(rank, ranks, visible, request.allow_sharing);
     cuda::DeviceInfo d;
     try {
-      d = cuda::select_device(comm.local_rank(), comm.local_size(), request.allow_sharing);
+      d = cuda::select_device(rank, ranks, request.allow_sharing);
     } catch (const Error& e) {
       throw UsageError(str_cat("--device cuda: ", e.what()));
     }
-    gpu_info_ = {d.ordinal, d.visible_count, d.shared, d.name, d.pci_bus_id};
+    gpu_info_ = {d.ordinal, d.visible_count, d.shared, isolated, d.name, d.pci_bus_id};
     if (request.one_gpu_per_rank && d.shared &&
         comm.size() > 1)  // NCCL refuses two ranks of a communicator on a GPU
       throw UsageError(str_cat("--device cuda: ", comm.local_size(), " ranks on this node share ",

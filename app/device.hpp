@@ -57,7 +57,8 @@ struct DeviceRequest {
 // The selected GPU (valid when Device::gpu()).
 struct GpuInfo {
   int ordinal = -1, visible_count = 0;
-  bool shared = false;  // with other ranks of the node
+  bool shared = false;    // with other ranks of the node
+  bool isolated = false;  // each rank of the node sees only its own GPUs (srun --gpus-per-task)
   std::string name, pci_bus_id;
 };
 
@@ -79,7 +80,9 @@ class Device {
  public:
   // On every rank, collectively: --device auto is the GPU where this build has the CUDA backend
   // and every rank sees one, else the CPU. On a GPU, selects this rank's (gpu_for_rank; the
-  // selection's failure is a UsageError). --device cuda in a build without CUDA is a UsageError.
+  // selection's failure is a UsageError); where the launcher isolated the GPUs per rank (fewer
+  // visible than the node's ranks, each rank's different), the rank's first. --device cuda in a
+  // build without CUDA is a UsageError.
   Device(const DeviceRequest& request, Comm& comm);
   ~Device();
   Device(const Device&) = delete;

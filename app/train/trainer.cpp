@@ -149,6 +149,11 @@ void Trainer::choose_device() {
     const GpuInfo& d = device_->gpu_info();
     log_.info("device: GPU ", d.ordinal, " of ", d.visible_count, " (", d.name, ", ", d.pci_bus_id,
               d.shared ? ", shared with other ranks" : "", ")");
+    if (d.isolated && comm_.rank() == 0)
+      log_.info(
+          "GPUs are isolated per rank (each rank of a node sees only its own, e.g. srun "
+          "--gpus-per-task): NCCL's peer-to-peer paths between them may be off; request "
+          "the GPUs per node (--gpus-per-node) to keep them");
   }
   const ThreadChoice threads =
       choose_threads(opt_.threads, ThreadEnvironment::of_this_process(comm_.local_size()));

@@ -165,7 +165,11 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) 
 
 cudaError_t cudaDeviceGetPCIBusId(char* bus_id, int len, int device) {
   if (!valid_device(device)) return cudaErrorInvalidDevice;
-  std::snprintf(bus_id, size_t(len), "0000:%02x:00.0", device);
+  // DP_EMU_BUS_OFFSET shifts the bus numbers: ranks given different offsets see different
+  // physical GPUs, as under srun --gpus-per-task.
+  const char* offset = std::getenv("DP_EMU_BUS_OFFSET");
+  std::snprintf(bus_id, size_t(len), "0000:%02x:00.0",
+                device + (offset != nullptr ? std::atoi(offset) : 0));
   return cudaSuccess;
 }
 

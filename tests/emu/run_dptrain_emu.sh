@@ -4,7 +4,8 @@
 # then a resumed 3rd (the same losses as an uninterrupted --device cpu run), three variants (sync-BN
 # ResNet, deconv + AdamW, accumulation + small buckets + clipping; the CPU's losses), dppredict on
 # the checkpoint (the CPU's IoU and Dice), one rank out of device memory (one error line, no
-# hang), and one --precision bf16 epoch. The first run also writes --report and --tensorboard.
+# hang), one --precision bf16 epoch, and GPUs isolated per rank. The first run also writes
+# --report and --tensorboard.
 # Usage: run_dptrain_emu.sh DPTRAIN_EMU DPPREDICT_EMU MPIRUN_SCRIPT DPPREP
 set -euo pipefail
 dptrain=$1 dppredict=$2 mpirun=$3 dpprep=$4
@@ -109,3 +110,23 @@ run "$dptrain" --device cuda --precision bf16 --loss bce --pos-weight none --mod
   >"$tmp/bf16.log" 2>&1 || { tail -n 30 "$tmp/bf16.log"; exit 1; }
 grep -E "^epoch" "$tmp/bf16.log"
 check 'grep -q "^epoch 1/1 .*train_loss 0\.[0-9]" "$tmp/bf16.log"' "--precision bf16 trains an epoch (BCE below 1)"
+
+# GPUs isolated per rank (srun --gpus-per-task=1): each rank sees one GPU, a different one
+# (DP_EMU_BUS_OFFSET per rank stands in for the launcher). Every rank takes its own and one line
+# says so; one GPU that both ranks see stays a usage error.
+cat >"$tmp/own_gpu.sh" <<'EOF'
+#!/bin/sh
+export DP_EMU_DEVICES=1 DP_EMU_BUS_OFFSET="$OMPI_COMM_WORLD_LOCAL_RANK"
+exec "$@"
+EOF
+run sh "$tmp/own_gpu.sh" "$dptrain" --device cuda --model-dir "$tmp/isolated" --epochs 1 \
+  "${common[@]}" >"$tmp/isolated.log" 2>&1 || { tail -n 30 "$tmp/isolated.log"; exit 1; }
+grep -E "GPUs are isolated|device: GPU" "$tmp/isolated.log"
+check 'test "$(grep -c "GPUs are isolated per rank" "$tmp/isolated.log")" = 1 &&
+  grep -q "^epoch 1/1" "$tmp/isolated.log"' \
+  "GPUs isolated per rank: every rank takes its own GPU, one line says so"
+status=0
+DP_EMU_DEVICES=1 run "$dptrain" --device cuda --model-dir "$tmp/one_gpu" --epochs 1 \
+  "${common[@]}" >"$tmp/one_gpu.log" 2>&1 || status=$?
+check 'test "$status" = 2 && grep -q "2 ranks on this node but 1 visible GPU" "$tmp/one_gpu.log"' \
+  "one GPU that both ranks see: a usage error (exit 2)"
