@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <string>
 
-#include "test_util.hpp"
 #include "progress.hpp"
+#include "test_util.hpp"
 
 namespace dp {
 namespace {
