@@ -3,6 +3,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -61,6 +62,24 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
       "raw-weights", po::bool_switch(&o.raw_weights),
       "use the checkpoint's raw weights where it also holds averaged ones (dptrain --ema; "
       "those are the default)");
+  po::options_description measure("Crack measurements");
+  measure.add_options()(
+      "measure", po::bool_switch(&o.measure),
+      "also measure every crack of every mask (8-connected component): skeleton length, mean, "
+      "median and maximum width, area, bounding box and widest point, into OUT/measurements.csv "
+      "(one row per crack) and OUT/summary.csv (one row per image); with --overlay the skeleton "
+      "and the widest points are drawn")(
+      "measure-only", po::bool_switch(&o.measure_only),
+      "the inputs are masks (pixels > 127 are crack, as dpprep reads them): measure them into "
+      "OUT/measurements.csv and OUT/summary.csv; no checkpoint")(
+      "pixel-size", po::value(&o.pixel_size_mm),
+      "millimetres per pixel: the measurements also in mm (columns *_mm, area_mm2)")(
+      "min-crack-px", po::value(&o.min_crack_px)->default_value(o.min_crack_px),
+      "components of fewer pixels are specks, not cracks")(
+      "per-image", po::value(&o.per_image),
+      "with --dataset: write this CSV file, one row of scores per sample (source file and tile "
+      "position where dpprep stored them, pixel counts, IoU, F1, precision, recall, clDice, the "
+      "sample's best F over the thresholds)");
   po::options_description run("Inference");
   run.add_options()("tile", po::value(&tile),
                     "tile size N or HxW (default: the size the checkpoint was trained on)")(
@@ -90,9 +109,10 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   po::options_description visible(
       "Usage: [mpirun -np N] dppredict -c CHECKPOINT -o OUT [options] IMAGE|FOLDER...\n"
       "       [mpirun -np N] dppredict -c CHECKPOINT --dataset FILE.h5 [--split val] [-o OUT]\n"
+      "       [mpirun -np N] dppredict --measure-only -o OUT [--pixel-size MM] MASK|FOLDER...\n"
       "Writes OUT/masks/<name>.png (0 or 255) for every image; the files are split across "
       "ranks");
-  visible.add(in).add(out).add(run);
+  visible.add(in).add(out).add(measure).add(run);
   po::options_description all;
   all.add(visible).add(hidden);
 
@@ -113,8 +133,23 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   auto require = [](bool ok, auto&&... msg) {
     if (!ok) throw UsageError(str_cat(msg...));
   };
-  require(!o.checkpoint.empty(), "--checkpoint is required (see --help)");
   const bool files = !o.inputs.empty() || !o.list.empty();
+  if (vm.count("pixel-size"))
+    require(o.pixel_size_mm > 0 && std::isfinite(o.pixel_size_mm),
+            "--pixel-size must be a positive number of millimetres per pixel, got ",
+            o.pixel_size_mm);
+  require(o.min_crack_px >= 1, "--min-crack-px must be at least 1, got ", o.min_crack_px);
+  require(o.measure || o.measure_only || !vm.count("pixel-size"),
+          "--pixel-size needs --measure or --measure-only");
+  if (o.measure_only) {
+    require(files, "--measure-only: give mask files or folders (or --list FILE)");
+    require(!o.out.empty(), "--measure-only needs --out (the folder of the CSV files)");
+    require(!o.from_dataset() && o.checkpoint.empty(),
+            "--measure-only measures masks: no --checkpoint or --dataset");
+    require(!o.save_prob && !o.overlay, "--measure-only writes no --save-prob or --overlay");
+    return o;
+  }
+  require(!o.checkpoint.empty(), "--checkpoint is required (see --help)");
   require(files || o.from_dataset(),
           "nothing to predict: give images or folders, --list FILE, or --dataset FILE.h5");
   require(!(files && o.from_dataset()),
@@ -142,7 +177,9 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   require(vm.count("overlap") == 0 || o.overlap >= 0, "--overlap must be >= 0, got ", o.overlap);
   require(o.margin >= 0 && o.margin <= 4096, "--margin must be in [0, 4096] pixels, got ",
           o.margin);
-  require(!(o.out.empty() && (o.save_prob || o.overlay)), "--save-prob and --overlay need --out");
+  require(!(o.out.empty() && (o.save_prob || o.overlay || o.measure)),
+          "--save-prob, --overlay and --measure need --out");
+  require(o.per_image.empty() || o.from_dataset(), "--per-image needs --dataset");
   if (!tile.empty()) parse_tile(tile, o.tile_height, o.tile_width);
   return o;
 }

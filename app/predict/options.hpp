@@ -32,6 +32,12 @@ struct PredictOptions {
   std::string device = "auto";          // auto (the GPU where every rank sees one) | cpu | cuda
   bool quiet = false;                   // no progress bar or lines
   bool raw_weights = false;  // the raw weights where the checkpoint also has averaged ones
+  // Crack measurements (predict/measurements.hpp): OUT/measurements.csv and OUT/summary.csv.
+  bool measure = false;
+  bool measure_only = false;  // the inputs are masks (> 127: crack): measured, no checkpoint
+  double pixel_size_mm = 0;   // --pixel-size: millimetres per pixel; 0: pixels only
+  int64_t min_crack_px = 16;  // smaller 8-connected components are specks, not cracks
+  std::string per_image;      // --dataset: a CSV with one row of scores per sample
 
   bool from_dataset() const { return !dataset.empty(); }
 };

@@ -23,6 +23,7 @@
 #include "dp/fs.hpp"
 #include "dp/image_io.hpp"
 #include "exit_codes.hpp"
+#include "predict/measurements.hpp"
 #include "predict/predictor.hpp"
 #include "progress.hpp"
 #include "train/centerline_dice.hpp"
@@ -44,6 +45,14 @@ constexpr float kTintAlpha = 0.6f;
 constexpr const char* kMaskDir = "masks";
 constexpr const char* kProbDir = "prob";
 constexpr const char* kOverlayDir = "overlay";
+// --measure-only: mask pixels above this are crack (as dpprep build reads masks).
+constexpr uint8_t kMaskInputThreshold = 127;
+constexpr const char* kMeasurementsFile = "measurements.csv";
+constexpr const char* kSummaryFile = "summary.csv";
+// --per-image: one row per dataset sample.
+constexpr const char* kSampleHeader =
+    "index,source,origin_y_px,origin_x_px,true_px,predicted_px,tp_px,fp_px,fn_px,iou,f1,"
+    "precision,recall,cldice,best_f,best_f_threshold\n";
 
 // Rank 0's progress through its share (dp::app::CountProgress): "dppredict [###...] 3/10 ...".
 class Progress {
@@ -97,16 +106,14 @@ struct Input {
   int64_t index = -1;  // dataset sample
 };
 
-// Writes a PNG whole or not at all: encoded in memory, written under a temporary name
-// (temp_path_for) and renamed into place, so that a failed write (e.g. a full disk) or a kill
-// never leaves a truncated image under an output's name.
-void write_png_whole(const std::string& path, const uint8_t* pixels, int width, int height,
-                     int channels) {
-  const std::vector<uint8_t> bytes = data::encode_png(pixels, width, height, channels);
+// Writes a file whole or not at all: written under a temporary name (temp_path_for) and renamed
+// into place, so that a failed write (e.g. a full disk) or a kill never leaves a truncated file
+// under an output's name.
+void write_file_whole(const std::string& path, const void* data, size_t size) {
   const std::string tmp = temp_path_for(path);
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (f == nullptr) fail("cannot write '", path, "': ", std::strerror(errno));
-  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() && std::fflush(f) == 0;
+  bool ok = std::fwrite(data, 1, size, f) == size && std::fflush(f) == 0;
   int err = ok ? 0 : errno;
   if (std::fclose(f) != 0 && ok) ok = false, err = errno;
   if (ok && std::rename(tmp.c_str(), path.c_str()) != 0) ok = false, err = errno;
@@ -114,6 +121,45 @@ void write_png_whole(const std::string& path, const uint8_t* pixels, int width, 
     std::remove(tmp.c_str());
     fail("cannot write '", path, "': ", std::strerror(err));
   }
+}
+
+// A PNG encoded in memory, then written whole.
+void write_png_whole(const std::string& path, const uint8_t* pixels, int width, int height,
+                     int channels) {
+  const std::vector<uint8_t> bytes = data::encode_png(pixels, width, height, channels);
+  write_file_whole(path, bytes.data(), bytes.size());
+}
+
+// A CSV file: its header, then the rows of every input in input order (collective; `rows` holds
+// this rank's inputs, id % size == rank, the others empty). The rows travel to every rank, one
+// broadcast per rank; rank 0 writes the file whole.
+void write_rows_in_input_order(Comm& comm, const std::string& path, const std::string& header,
+                               const std::vector<std::string>& rows) {
+  const int rank = comm.rank(), world = comm.size();
+  std::vector<int64_t> sizes(rows.size(), 0);
+  for (size_t i = size_t(rank); i < rows.size(); i += size_t(world))
+    sizes[i] = int64_t(rows[i].size());
+  comm.allreduce_sum(sizes.data(), sizes.size());
+  std::string text = header;
+  std::vector<std::string> from(static_cast<size_t>(world));
+  for (int r = 0; r < world; ++r) {
+    int64_t bytes = 0;
+    for (size_t i = size_t(r); i < rows.size(); i += size_t(world)) bytes += sizes[i];
+    std::string& buffer = from[size_t(r)];
+    if (r == rank) {
+      for (size_t i = size_t(r); i < rows.size(); i += size_t(world)) buffer += rows[i];
+    } else {
+      buffer.resize(size_t(bytes));
+    }
+    if (bytes > 0 && world > 1) comm.broadcast(buffer.data(), size_t(bytes), r);
+  }
+  std::vector<size_t> offset(size_t(world), 0);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const size_t r = i % size_t(world);
+    text.append(from[r], offset[r], size_t(sizes[i]));
+    offset[r] += size_t(sizes[i]);
+  }
+  on_root(comm, "dppredict", [&] { write_file_whole(path, text.data(), text.size()); });
 }
 
 std::string padded(int64_t v, int64_t largest) {
@@ -191,10 +237,114 @@ double recorded_ods_threshold(const CheckpointMeta& meta) {
   return t > 0 && t < 1 ? t : std::numeric_limits<double>::quiet_NaN();
 }
 
+// One error line for an input file that cannot be read or decoded (the file named once).
+void report_unreadable(int rank, const std::string& path, const std::string& what) {
+  const std::string line = what.find(path) == std::string::npos ? str_cat(path, ": ", what) : what;
+  std::fprintf(stderr, "dppredict: error: [rank %d] %s\n", rank, line.c_str());
+  std::fflush(stderr);
+}
+
+std::string score(double v) {
+  return fixed(v, 6);
+}
+
+// The --per-image row of dataset sample `index`: its source, pixel counts and scores at the
+// mask's threshold, and its own best F over the thresholds (what OIS averages).
+std::string sample_row(int64_t index, const std::vector<data::SampleSource>& sources,
+                       const float* prob, const uint8_t* mask, const uint8_t* truth, int height,
+                       int width, int tolerance) {
+  SegmentationMetrics m;
+  const size_t pixels = size_t(height) * size_t(width);
+  for (size_t i = 0; i < pixels; ++i) {
+    const bool p = mask[i] != 0, g = truth[i] != 0;
+    m.tp += p && g, m.fp += p && !g, m.fn += !p && g;
+  }
+  CenterlineDice centerline;
+  centerline.add_masks(mask, truth, height, width);
+  ThresholdSweep sweep(tolerance);
+  sweep.add_probabilities(prob, truth, height, width);
+  const SweepResult best = sweep.result();
+  std::string source = ",,";
+  if (!sources.empty()) {
+    const data::SampleSource& s = sources[size_t(index)];
+    source = str_cat(csv_field(s.name), ",", s.y, ",", s.x);
+  }
+  return str_cat(index, ",", source, ",", m.tp + m.fn, ",", m.tp + m.fp, ",", m.tp, ",", m.fp, ",",
+                 m.fn, ",", score(m.iou()), ",", score(m.dice()), ",", score(m.precision()), ",",
+                 score(m.recall()), ",", score(centerline.value()), ",", score(best.ods), ",",
+                 fixed(best.ods_threshold, 2), "\n");
+}
+
+// dppredict --measure-only: the masks named by the options measured, no network.
+int run_measure_only(const PredictOptions& o, Comm& comm, const Logger& log) {
+  const auto t0 = Clock::now();
+  const int rank = comm.rank(), world = comm.size();
+  std::vector<std::string> files;
+  collectively(comm, [&] {
+    files = list_inputs(o);
+    if (rank == 0) ensure_writable_dir(o.out);
+  });
+  const MeasureSettings settings{o.pixel_size_mm, o.min_crack_px};
+  log.info("dppredict: measuring ", files.size(), " mask(s) on ", world,
+           " rank(s): pixels > 127 are crack, components of at least ", o.min_crack_px, " px",
+           o.pixel_size_mm > 0 ? str_cat(", ", o.pixel_size_mm, " mm per pixel") : std::string());
+  std::vector<std::string> crack_rows(files.size()), summary_rows(files.size());
+  std::vector<size_t> mine;
+  for (size_t i = size_t(rank); i < files.size(); i += size_t(world)) mine.push_back(i);
+  Progress progress(rank == 0 && !o.quiet, int64_t(mine.size()), rank, world);
+  std::vector<int64_t> sums(2, 0);  // measured, failed
+  collectively(
+      comm,
+      [&] {
+        data::CrackMeasurer measurer(o.min_crack_px);
+        int64_t measured = 0, failed = 0;
+        for (const size_t i : mine) {
+          data::Image mask;
+          try {
+            mask = data::read_image(files[i], data::PixelFormat::kGray);
+          } catch (const Error& e) {
+            progress.end_line();
+            report_unreadable(rank, files[i], e.what());
+            ++failed;
+            progress.advance();
+            continue;
+          }
+          for (uint8_t& v : mask.pixels) v = v > kMaskInputThreshold ? 1 : 0;
+          const auto& cracks = measurer.measure(mask.pixels.data(), mask.height, mask.width);
+          MeasurementRows rows = measurement_rows(fs::path(files[i]).stem().string(), mask.height,
+                                                  mask.width, cracks, settings);
+          crack_rows[i] = std::move(rows.cracks);
+          summary_rows[i] = std::move(rows.summary);
+          ++measured;
+          progress.advance();
+        }
+        sums = {measured, failed};
+      },
+      &sums);
+  progress.end_line();
+  const fs::path out(o.out);
+  write_rows_in_input_order(comm, (out / kMeasurementsFile).string(), measurements_header(settings),
+                            crack_rows);
+  write_rows_in_input_order(comm, (out / kSummaryFile).string(), summary_header(settings),
+                            summary_rows);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  log.info("dppredict: ", sums[0], " mask(s) measured in ", fixed(seconds, 1), " s; ",
+           (out / kMeasurementsFile).string(), ", ", (out / kSummaryFile).string());
+  if (sums[1] > 0 && rank == 0) {
+    std::fprintf(stderr,
+                 "dppredict: %lld mask(s) measured, %lld failed (could not be read; one error "
+                 "line each above)\n",
+                 static_cast<long long>(sums[0]), static_cast<long long>(sums[1]));
+    std::fflush(stderr);
+  }
+  return sums[1] > 0 ? kExitSomeInputsFailed : kExitOk;
+}
+
 }  // namespace
 
 int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
                 SegmentationMetrics* metrics_out) {
+  if (o.measure_only) return run_measure_only(o, comm, log);
   const auto t0 = Clock::now();
   const int rank = comm.rank(), world = comm.size();
   // --device auto: the GPU where this dppredict has the CUDA backend and every rank sees one.
@@ -294,6 +444,14 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   std::unordered_map<size_t, std::vector<uint8_t>> truth;  // dataset masks of images in flight
   const auto mask_threshold = float(threshold);
   const fs::path out(o.out);
+  const MeasureSettings measure_settings{o.pixel_size_mm, o.min_crack_px};
+  data::CrackMeasurer measurer(o.min_crack_px);
+  // CSV rows of this rank's inputs, by input (written in input order at the end).
+  std::vector<std::string> crack_rows(o.measure ? inputs.size() : 0);
+  std::vector<std::string> summary_rows(o.measure ? inputs.size() : 0);
+  std::vector<std::string> sample_rows(o.per_image.empty() ? 0 : inputs.size());
+  std::vector<data::SampleSource> sources;
+  if (!o.per_image.empty()) sources = dataset->read_sources();
 
   // Writes the outputs of one finished image and counts it.
   auto finish = [&](size_t id, const data::Image& image, std::vector<float>& prob) {
@@ -309,6 +467,13 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
         for (size_t i = 0; i < pixels; ++i) p8[i] = uint8_t(std::lround(prob[i] * kMaxByte));
         write_png_whole((out / kProbDir / file).string(), p8.data(), w, h, 1);
       }
+      const std::vector<data::Crack>* cracks = nullptr;
+      if (o.measure) {
+        cracks = &measurer.measure(mask.data(), h, w);
+        MeasurementRows rows = measurement_rows(inputs[id].name, h, w, *cracks, measure_settings);
+        crack_rows[id] = std::move(rows.cracks);
+        summary_rows[id] = std::move(rows.summary);
+      }
       if (o.overlay) {
         std::vector<uint8_t> tinted(image.pixels);
         for (size_t i = 0; i < pixels; ++i) {
@@ -318,6 +483,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
             v = uint8_t(std::lround((1.0f - kTintAlpha) * v + kTintAlpha * kTint[c]));
           }
         }
+        if (cracks != nullptr) draw_measurements(tinted.data(), h, w, measurer.skeleton(), *cracks);
         write_png_whole((out / kOverlayDir / file).string(), tinted.data(), w, h, 3);
       }
     }
@@ -331,6 +497,9 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
         m.fn += !p && g;
       }
       m.pixels += int64_t(pixels);
+      if (!sample_rows.empty())
+        sample_rows[id] = sample_row(inputs[id].index, sources, prob.data(), mask.data(),
+                                     t->second.data(), h, w, o.tolerance);
       truth.erase(t);
     }
     ++m.images;
@@ -342,10 +511,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   int64_t failed = 0;
   auto unreadable = [&](const std::string& path, const std::string& what) {
     progress.end_line();
-    const std::string line =
-        what.find(path) == std::string::npos ? str_cat(path, ": ", what) : what;
-    std::fprintf(stderr, "dppredict: error: [rank %d] %s\n", rank, line.c_str());
-    std::fflush(stderr);
+    report_unreadable(rank, path, what);
     ++failed;
     progress.advance();
   };
@@ -392,6 +558,14 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     total.sweep = sweep.result();
     total.cldice = centerline.value();
   }
+  if (o.measure) {
+    write_rows_in_input_order(comm, (out / kMeasurementsFile).string(),
+                              measurements_header(measure_settings), crack_rows);
+    write_rows_in_input_order(comm, (out / kSummaryFile).string(), summary_header(measure_settings),
+                              summary_rows);
+  }
+  if (!o.per_image.empty())
+    write_rows_in_input_order(comm, o.per_image, kSampleHeader, sample_rows);
   const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   log.info("dppredict: ", total.images, " image(s) in ", fixed(seconds, 1), " s (",
            fixed(double(total.images) / std::max(seconds, 1e-9), 1), " img/s)",
