@@ -249,7 +249,8 @@ std::string score(double v) {
 }
 
 // The --per-image row of dataset sample `index`: its source, pixel counts and scores at the
-// mask's threshold, and its own best F over the thresholds (what OIS averages).
+// mask's threshold, and its own best F over the thresholds (what OIS averages: 1 for a sample
+// without crack where some threshold predicts none) with that threshold (0 without crack).
 std::string sample_row(int64_t index, const std::vector<data::SampleSource>& sources,
                        const float* prob, const uint8_t* mask, const uint8_t* truth, int height,
                        int width, int tolerance) {
@@ -271,7 +272,7 @@ std::string sample_row(int64_t index, const std::vector<data::SampleSource>& sou
   }
   return str_cat(index, ",", source, ",", m.tp + m.fn, ",", m.tp + m.fp, ",", m.tp, ",", m.fp, ",",
                  m.fn, ",", score(m.iou()), ",", score(m.dice()), ",", score(m.precision()), ",",
-                 score(m.recall()), ",", score(centerline.value()), ",", score(best.ods), ",",
+                 score(m.recall()), ",", score(centerline.value()), ",", score(best.ois), ",",
                  fixed(best.ods_threshold, 2), "\n");
 }
 
