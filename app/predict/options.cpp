@@ -9,6 +9,7 @@
 #include <iostream>
 
 #include "placeholders.hpp"
+#include "predict/tiling.hpp"
 #include "train/options.hpp"
 
 namespace dp::app {
@@ -55,9 +56,14 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
       "with --dataset: ODS/OIS/AP count a predicted crack pixel within this many pixels of a "
       "true one as right, and a true one with a prediction this close as found")(
       "save-prob", po::bool_switch(&o.save_prob),
-      "also write the probability map as an 8-bit PNG (prob/)")(
-      "overlay", po::bool_switch(&o.overlay),
-      "also write the image with crack pixels tinted red (overlay/)")(
+      "also write the probability map (prob/), as --prob-format says")(
+      "prob-format", po::value(&o.prob_format)->default_value(o.prob_format),
+      "png16: 16-bit PNG of round(p x 65535); png8: 8-bit PNG of round(p x 255)")(
+      "save-uncertainty", po::bool_switch(&o.save_uncertainty),
+      "with --tta: also write the per-pixel standard deviation of the probability over the "
+      "variants (uncertainty/, 16-bit PNG of round(sd x 131070): 65535 is the largest possible "
+      "sd, 0.5)")("overlay", po::bool_switch(&o.overlay),
+                  "also write the image with crack pixels tinted red (overlay/)")(
       "quiet,q", po::bool_switch(&o.quiet), "no progress bar or progress lines")(
       "raw-weights", po::bool_switch(&o.raw_weights),
       "use the checkpoint's raw weights where it also holds averaged ones (dptrain --ema; "
@@ -81,8 +87,12 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
       "position where dpprep stored them, pixel counts, IoU, F1, precision, recall, clDice, the "
       "sample's best F over the thresholds)");
   po::options_description run("Inference");
-  run.add_options()("tile", po::value(&tile),
-                    "tile size N or HxW (default: the size the checkpoint was trained on)")(
+  run.add_options()("tta", po::value(&o.tta)->default_value(o.tta),
+                    "test-time augmentation: none; flips (each tile also flipped left-right, "
+                    "up-down and both: 4x the time); dihedral (and transposed: 8x, square tiles "
+                    "only); the probabilities are averaged")(
+      "tile", po::value(&tile),
+      "tile size N or HxW (default: the size the checkpoint was trained on)")(
       "overlap", po::value(&o.overlap),
       "pixels shared by neighbouring tiles (default: a quarter of the tile)")(
       "margin", po::value(&o.margin)->default_value(o.margin),
@@ -180,6 +190,12 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   require(!(o.out.empty() && (o.save_prob || o.overlay || o.measure)),
           "--save-prob, --overlay and --measure need --out");
   require(o.per_image.empty() || o.from_dataset(), "--per-image needs --dataset");
+  require(o.prob_format == "png16" || o.prob_format == "png8",
+          "--prob-format must be png16 or png8, got '", o.prob_format, "'");
+  parse_tta(o.tta);
+  require(!o.save_uncertainty || o.tta != "none",
+          "--save-uncertainty needs --tta flips or dihedral (the deviation over its variants)");
+  require(!(o.out.empty() && o.save_uncertainty), "--save-uncertainty needs --out");
   if (!tile.empty()) parse_tile(tile, o.tile_height, o.tile_width);
   return o;
 }

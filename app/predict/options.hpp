@@ -21,8 +21,11 @@ struct PredictOptions {
   ThresholdRule threshold_rule = ThresholdRule::kAuto;
   double threshold = 0.5;  // kValue: probability above which a pixel is a crack
   int tolerance = 0;       // --dataset: pixels of tolerance of ODS/OIS/AP (train/sweep_metrics.hpp)
-  bool save_prob = false;  // also write the probability map (8-bit PNG)
-  bool overlay = false;    // also write the image with crack pixels tinted
+  bool save_prob = false;  // also write the probability map (prob/)
+  std::string prob_format = "png16";    // png16 (p x 65535) | png8 (p x 255)
+  bool save_uncertainty = false;        // with --tta: the variants' deviation (uncertainty/)
+  std::string tta = "none";             // none | flips | dihedral (predict/tiling.hpp)
+  bool overlay = false;                 // also write the image with crack pixels tinted
   int tile_height = 0, tile_width = 0;  // 0: the checkpoint's training size
   int overlap = -1;                     // pixels; -1: a quarter of the smaller tile side
   int margin = 0;                       // pixels of reflected context around every image

@@ -56,7 +56,7 @@ Predictor::Predictor(const std::string& checkpoint, const PredictorOptions& opti
                   averaged_ ? &into_model : nullptr);
   runner_ = std::make_unique<TiledRunner>(
       [this](const float* input, int n) { return model_->forward_host(input, n); }, normalization_,
-      tile_height_, tile_width_, overlap_, options.batch, margin_);
+      tile_height_, tile_width_, overlap_, options.batch, margin_, options.tta);
 }
 
 Predictor::~Predictor() = default;
@@ -64,7 +64,9 @@ Predictor::~Predictor() = default;
 std::vector<float> Predictor::predict(const data::Image& rgb) {
   std::vector<float> out;
   runner_->submit(
-      0, rgb, [&](size_t, const data::Image&, std::vector<float>& prob) { out = std::move(prob); });
+      0, rgb, [&](size_t, const data::Image&, std::vector<float>& prob, const std::vector<float>&) {
+        out = std::move(prob);
+      });
   runner_->flush();
   return out;
 }

@@ -22,6 +22,7 @@ struct PredictorOptions {
   Precision precision = Precision::kFloat32;     // bf16: bf16 activations and convolutions
   Device* device = nullptr;  // the CUDA backend on its GPU (TF32 allowed); null: the CPU
   bool raw_weights = false;  // the raw weights even where the checkpoint has averaged ones (--ema)
+  Tta tta = Tta::kNone;      // test-time augmentation of every tile
 };
 
 class Predictor {

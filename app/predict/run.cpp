@@ -45,6 +45,9 @@ constexpr float kTintAlpha = 0.6f;
 constexpr const char* kMaskDir = "masks";
 constexpr const char* kProbDir = "prob";
 constexpr const char* kOverlayDir = "overlay";
+constexpr const char* kUncertaintyDir = "uncertainty";
+constexpr float kMaxWord = 65535.0f;
+constexpr float kMaxDeviation = 0.5f;  // of a probability: --save-uncertainty's full scale
 // --measure-only: mask pixels above this are crack (as dpprep build reads masks).
 constexpr uint8_t kMaskInputThreshold = 127;
 constexpr const char* kMeasurementsFile = "measurements.csv";
@@ -127,6 +130,16 @@ void write_file_whole(const std::string& path, const void* data, size_t size) {
 void write_png_whole(const std::string& path, const uint8_t* pixels, int width, int height,
                      int channels) {
   const std::vector<uint8_t> bytes = data::encode_png(pixels, width, height, channels);
+  write_file_whole(path, bytes.data(), bytes.size());
+}
+
+// A gray 16-bit PNG of round(clamp(v x scale, 0, 1) x 65535), written whole.
+void write_png16_whole(const std::string& path, const float* values, float scale, int width,
+                       int height) {
+  std::vector<uint16_t> words(size_t(width) * size_t(height));
+  for (size_t i = 0; i < words.size(); ++i)
+    words[i] = uint16_t(std::lround(std::clamp(values[i] * scale, 0.0f, 1.0f) * kMaxWord));
+  const std::vector<uint8_t> bytes = data::encode_png16(words.data(), width, height, 1);
   write_file_whole(path, bytes.data(), bytes.size());
 }
 
@@ -373,6 +386,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     po.conv_algo = parse_cpu_conv(o.cpu_conv);
     po.precision = parse_precision(o.precision);
     po.raw_weights = o.raw_weights;
+    po.tta = parse_tta(o.tta);
     predictor = std::make_unique<Predictor>(o.checkpoint, po);
     if (o.threshold_rule == PredictOptions::ThresholdRule::kOds &&
         std::isnan(recorded_ods_threshold(predictor->meta())))
@@ -392,6 +406,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     if (rank == 0 && !o.out.empty()) {
       ensure_writable_dir((fs::path(o.out) / kMaskDir).string());
       if (o.save_prob) ensure_writable_dir((fs::path(o.out) / kProbDir).string());
+      if (o.save_uncertainty) ensure_writable_dir((fs::path(o.out) / kUncertaintyDir).string());
       if (o.overlay) ensure_writable_dir((fs::path(o.out) / kOverlayDir).string());
     }
   });
@@ -433,8 +448,11 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
            predictor->margin() > 0 ? str_cat(", margin ", predictor->margin()) : std::string(),
            ", ", o.batch_size, " per batch; ", inputs.size(), " image(s) on ", world,
            " rank(s); rank 0 on ", device_name, ", ", threads.threads, " thread(s) per rank (",
-           threads.source, ")", o.precision == "bf16" ? ", bf16 activations" : "", "; threshold ",
-           threshold, " (", why, ")");
+           threads.source, ")", o.precision == "bf16" ? ", bf16 activations" : "",
+           o.tta != "none" ? str_cat(", --tta ", o.tta, " (", tta_variants(parse_tta(o.tta)),
+                                     " variants per tile)")
+                           : std::string(),
+           "; threshold ", threshold, " (", why, ")");
 
   std::vector<size_t> mine;
   for (size_t i = size_t(rank); i < inputs.size(); i += size_t(world)) mine.push_back(i);
@@ -455,7 +473,8 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   if (!o.per_image.empty()) sources = dataset->read_sources();
 
   // Writes the outputs of one finished image and counts it.
-  auto finish = [&](size_t id, const data::Image& image, std::vector<float>& prob) {
+  auto finish = [&](size_t id, const data::Image& image, std::vector<float>& prob,
+                    const std::vector<float>& uncertainty) {
     const int w = image.width, h = image.height;
     const size_t pixels = size_t(w) * size_t(h);
     std::vector<uint8_t> mask(pixels);
@@ -463,11 +482,16 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     const std::string file = inputs[id].name + ".png";
     if (!o.out.empty()) {
       write_png_whole((out / kMaskDir / file).string(), mask.data(), w, h, 1);
-      if (o.save_prob) {
+      if (o.save_prob && o.prob_format == "png8") {
         std::vector<uint8_t> p8(pixels);
         for (size_t i = 0; i < pixels; ++i) p8[i] = uint8_t(std::lround(prob[i] * kMaxByte));
         write_png_whole((out / kProbDir / file).string(), p8.data(), w, h, 1);
+      } else if (o.save_prob) {
+        write_png16_whole((out / kProbDir / file).string(), prob.data(), 1.0f, w, h);
       }
+      if (o.save_uncertainty)
+        write_png16_whole((out / kUncertaintyDir / file).string(), uncertainty.data(),
+                          1.0f / kMaxDeviation, w, h);
       const std::vector<data::Crack>* cracks = nullptr;
       if (o.measure) {
         cracks = &measurer.measure(mask.data(), h, w);

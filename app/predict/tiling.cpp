@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "dp/error.hpp"
+#include "exit_codes.hpp"
 
 namespace dp::app {
 namespace {
@@ -60,18 +61,32 @@ struct TiledRunner::Job {
   data::Image image;
   Done done;
   std::vector<float> acc, weight;  // sum(w * p), sum(w) per pixel
+  std::vector<float> uncertainty;  // sum(w * standard deviation) per pixel (augmented runs)
   int64_t remaining = 0;
 };
 
+Tta parse_tta(const std::string& name) {
+  if (name == "none") return Tta::kNone;
+  if (name == "flips") return Tta::kFlips;
+  if (name == "dihedral") return Tta::kDihedral;
+  throw UsageError(str_cat("--tta must be none, flips or dihedral, got '", name, "'"));
+}
+
+int tta_variants(Tta tta) {
+  constexpr int kFlipVariants = 4, kDihedralVariants = 8;
+  return tta == Tta::kNone ? 1 : tta == Tta::kFlips ? kFlipVariants : kDihedralVariants;
+}
+
 TiledRunner::TiledRunner(Forward forward, const Normalization& normalization, int tile_height,
-                         int tile_width, int overlap, int batch, int margin)
+                         int tile_width, int overlap, int batch, int margin, Tta tta)
     : forward_(std::move(forward)),
       lut_(normalization_lut(normalization)),
       tile_height_(tile_height),
       tile_width_(tile_width),
       overlap_(overlap),
       batch_(batch),
-      margin_(margin) {
+      margin_(margin),
+      tta_(tta) {
   DP_CHECK(tile_height > 0 && tile_width > 0 && batch > 0, "TiledRunner: tile ", tile_height, "x",
            tile_width, ", batch ", batch);
   DP_CHECK(overlap >= 0 && overlap < std::min(tile_height, tile_width), "overlap ", overlap,
@@ -83,6 +98,57 @@ TiledRunner::TiledRunner(Forward forward, const Normalization& normalization, in
   input_ =
       Buffer(size_t(batch) * size_t(tile_height) * size_t(tile_width) * kChannels * sizeof(float));
   slots_.reserve(size_t(batch));
+  if (tta == Tta::kDihedral && tile_height != tile_width)
+    throw UsageError(str_cat("--tta dihedral needs square tiles, got ", tile_height, "x",
+                             tile_width, " (give --tile N, or --tta flips)"));
+  if (tta != Tta::kNone) {
+    variant_input_ = Buffer(input_.bytes());
+    mean_.resize(size_t(batch) * size_t(tile_height) * size_t(tile_width));
+    deviation_.resize(mean_.size());
+  }
+}
+
+void TiledRunner::run_variants(int n) {
+  const int th = tile_height_, tw = tile_width_;
+  const size_t plane = size_t(th) * size_t(tw), count = size_t(n) * plane;
+  std::fill(mean_.begin(), mean_.begin() + std::ptrdiff_t(count), 0.0f);
+  std::fill(deviation_.begin(), deviation_.begin() + std::ptrdiff_t(count), 0.0f);
+  const int variants = tta_variants(tta_);
+  std::vector<size_t> where(plane);  // variant tile position of tile pixel (y, x)
+  for (int v = 0; v < variants; ++v) {
+    // Variant v: flip up-down (bit 1), left-right (bit 0), then transpose (bit 2).
+    const bool flip_x = (v & 1) != 0, flip_y = (v & 2) != 0, transpose = (v & 4) != 0;
+    for (int y = 0; y < th; ++y) {
+      for (int x = 0; x < tw; ++x) {
+        const size_t yy = size_t(flip_y ? th - 1 - y : y), xx = size_t(flip_x ? tw - 1 - x : x);
+        where[size_t(y) * size_t(tw) + size_t(x)] =
+            transpose ? xx * size_t(tw) + yy : yy * size_t(tw) + xx;
+      }
+    }
+    const float* input = input_.f32();
+    if (v > 0) {
+      float* dst = variant_input_.f32();
+      for (size_t k = 0; k < size_t(n); ++k)
+        for (size_t i = 0; i < plane; ++i)
+          for (size_t c = 0; c < kChannels; ++c)
+            dst[(k * plane + where[i]) * kChannels + c] = input[(k * plane + i) * kChannels + c];
+      input = dst;
+    }
+    const float* logits = forward_(input, n);
+    for (size_t k = 0; k < size_t(n); ++k) {
+      for (size_t i = 0; i < plane; ++i) {
+        const float p = sigmoid(logits[k * plane + where[i]]);
+        mean_[k * plane + i] += p;
+        deviation_[k * plane + i] += p * p;  // the second moment until the end
+      }
+    }
+  }
+  const float inv = 1.0f / float(variants);
+  for (size_t i = 0; i < count; ++i) {
+    const float m = mean_[i] * inv;
+    mean_[i] = m;
+    deviation_[i] = std::sqrt(std::max(0.0f, deviation_[i] * inv - m * m));
+  }
 }
 
 TiledRunner::~TiledRunner() = default;
@@ -136,31 +202,44 @@ void TiledRunner::run_batch() {
   std::vector<Slot> batch;
   batch.swap(slots_);  // the runner is empty again whatever `done` does
   slots_.reserve(size_t(batch_));
-  const float* logits = forward_(input_.f32(), int(batch.size()));
+  const bool augmented = tta_ != Tta::kNone;
+  const float* logits = nullptr;
+  if (augmented)
+    run_variants(int(batch.size()));
+  else
+    logits = forward_(input_.f32(), int(batch.size()));
   const size_t plane = size_t(tile_height_) * size_t(tile_width_);
   for (size_t k = 0; k < batch.size(); ++k) {
     Job& job = *batch[k].job;
     const int h = job.image.height, w = job.image.width;
-    const float* tile = logits + k * plane;
+    if (augmented && job.uncertainty.empty()) job.uncertainty.assign(job.acc.size(), 0.0f);
     for (int ty = 0; ty < tile_height_; ++ty) {
       const int y = batch[k].y0 + ty;
       if (y < 0 || y >= h) continue;  // reflect padding: computed, not kept
       const float wy = window_y_[size_t(ty)];
       float* acc = job.acc.data() + size_t(y) * size_t(w);
       float* weight = job.weight.data() + size_t(y) * size_t(w);
+      const size_t row = k * plane + size_t(ty) * size_t(tile_width_);
       for (int tx = 0; tx < tile_width_; ++tx) {
         const int x = batch[k].x0 + tx;
         if (x < 0 || x >= w) continue;
         const float wt = wy * window_x_[size_t(tx)];
-        acc[x] += wt * sigmoid(tile[size_t(ty) * size_t(tile_width_) + size_t(tx)]);
+        const size_t i = row + size_t(tx);
+        if (augmented) {
+          acc[x] += wt * mean_[i];
+          job.uncertainty[size_t(y) * size_t(w) + size_t(x)] += wt * deviation_[i];
+        } else {
+          acc[x] += wt * sigmoid(logits[i]);
+        }
         weight[x] += wt;
       }
     }
     if (--job.remaining > 0) continue;
     // Normalised by the summed weight (every pixel has weight > 0), not by the maximum.
     for (size_t i = 0; i < job.acc.size(); ++i) job.acc[i] /= job.weight[i];
+    for (size_t i = 0; i < job.uncertainty.size(); ++i) job.uncertainty[i] /= job.weight[i];
     job.weight = {};
-    job.done(job.id, job.image, job.acc);
+    job.done(job.id, job.image, job.acc, job.uncertainty);
   }
 }
 

@@ -34,6 +34,15 @@ int reflect_index(int64_t i, int length);
 // least context. A tile's 2-D weight is the product of its row and column weights.
 std::vector<float> window_weights(int tile);
 
+// Test-time augmentation: the variants of every tile whose probabilities are averaged. kFlips:
+// the tile, flipped left-right, up-down and both (nnU-Net's mirroring); kDihedral: those and
+// their transposes, the 8 symmetries of a square (square tiles only). Each variant's logits are
+// mapped back to the tile before the sigmoid's average.
+enum class Tta { kNone, kFlips, kDihedral };
+// "none" | "flips" | "dihedral"; anything else is a UsageError naming --tta.
+Tta parse_tta(const std::string& name);
+int tta_variants(Tta tta);  // 1, 4 or 8
+
 // Runs images of any size through a network that takes tiles of tile_height x tile_width, in
 // batches of up to `batch` tiles (tiles of consecutive images share a batch). Each pixel's
 // probability is the window-weighted mean of sigmoid(logit) over the tiles that cover it:
@@ -45,11 +54,15 @@ class TiledRunner {
   // valid until the next call.
   using Forward = std::function<const float*(const float* input, int n)>;
   // Hears of an image (RGB, as submitted) with its probabilities (height * width) when all of its
-  // tiles are in.
-  using Done = std::function<void(size_t id, const data::Image& image, std::vector<float>& prob)>;
+  // tiles are in, and with test-time augmentation their uncertainty: per pixel, the standard
+  // deviation of the probability over the variants, window-weighted over the tiles like the
+  // probabilities (0..0.5; empty without augmentation).
+  using Done = std::function<void(size_t id, const data::Image& image, std::vector<float>& prob,
+                                  const std::vector<float>& uncertainty)>;
 
+  // A Tta::kDihedral with a tile that is not square is a UsageError naming --tta.
   TiledRunner(Forward forward, const Normalization& normalization, int tile_height, int tile_width,
-              int overlap, int batch, int margin = 0);
+              int overlap, int batch, int margin = 0, Tta tta = Tta::kNone);
   ~TiledRunner();
   TiledRunner(const TiledRunner&) = delete;
   TiledRunner& operator=(const TiledRunner&) = delete;
@@ -69,10 +82,15 @@ class TiledRunner {
     int y0 = 0, x0 = 0;
   };
   void run_batch();
+  // The batch's tiles through every variant: mean_ and deviation_ per tile pixel.
+  void run_variants(int n);
 
   Forward forward_;
   NormalizationLut lut_;
   int tile_height_, tile_width_, overlap_, batch_, margin_;
+  Tta tta_;
+  Buffer variant_input_;                 // [batch, th, tw, 3]: one variant of the batch
+  std::vector<float> mean_, deviation_;  // [batch, th, tw]: over the variants
   std::vector<float> window_y_, window_x_;
   Buffer input_;             // [batch, th, tw, 3]
   std::vector<Slot> slots_;  // the tiles of the batch being filled

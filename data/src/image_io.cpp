@@ -559,6 +559,10 @@ std::vector<uint8_t> encode_png(const uint8_t* pixels, int width, int height, in
   return png_bytes("(in memory)", pixels, width, height, channels, false);
 }
 
+std::vector<uint8_t> encode_png16(const uint16_t* pixels, int width, int height, int channels) {
+  return png_bytes("(in memory)", pixels, width, height, channels, true);
+}
+
 void write_png16(const std::string& path, const uint16_t* pixels, int width, int height,
                  int channels) {
   encode_png(path, pixels, width, height, channels, true);

@@ -17,6 +17,7 @@
 #include "dp/image_io.hpp"
 #include "dp/loader.hpp"
 #include "dp/synth.hpp"
+#include "exit_codes.hpp"
 #include "predict/normalization.hpp"
 #include "predict/predictor.hpp"
 #include "predict/run.hpp"
@@ -158,7 +159,8 @@ TEST(Tiling, BlendingReproducesAPointwiseModelAtAnySize) {
   for (size_t id = 0; id < sizes.size(); ++id) {
     const auto [w, h] = sizes[id];
     runner.submit(id, test_image(w, h, id),
-                  [&, w = w, h = h](size_t got, const data::Image& img, std::vector<float>& prob) {
+                  [&, w = w, h = h](size_t got, const data::Image& img, std::vector<float>& prob,
+                                    const std::vector<float>&) {
                     ++done[got];
                     ASSERT_EQ(img.width, w);
                     ASSERT_EQ(img.height, h);
@@ -229,7 +231,8 @@ TEST(Tiling, MarginKeepsImageBordersOffTheTilesBorders) {
         norm, kTileH, kTileW, kOverlap, kBatch, margin);
     std::vector<float> out;
     runner.submit(0, test_image(w, h, 7),
-                  [&](size_t, const data::Image&, std::vector<float>& p) { out = p; });
+                  [&](size_t, const data::Image&, std::vector<float>& p,
+                      const std::vector<float>&) { out = p; });
     runner.flush();
     return out;
   };
@@ -333,6 +336,91 @@ TEST_F(Predict, TiledEqualsUntiledAtTheTrainingSize) {
     EXPECT_LE(worst, kProbTol) << "sample " << index;
     EXPECT_LT(lo, hi);  // not a constant map
   }
+}
+
+// An image transformed as test-time augmentation's variant v does: flipped left-right (bit 0),
+// up-down (bit 1), then transposed (bit 2); `inverse` undoes it on a probability map.
+template <typename T>
+std::vector<T> transformed(const std::vector<T>& src, int width, int height, int channels, int v,
+                           bool inverse) {
+  const bool fx = v & 1, fy = v & 2, tr = v & 4;
+  const int out_w = tr ? height : width;
+  std::vector<T> dst(src.size());
+  for (int y = 0; y < height; ++y) {
+    for (int x = 0; x < width; ++x) {
+      const int yy = fy ? height - 1 - y : y, xx = fx ? width - 1 - x : x;
+      const size_t to =
+          tr ? size_t(xx) * size_t(out_w) + size_t(yy) : size_t(yy) * size_t(out_w) + size_t(xx);
+      const size_t from = size_t(y) * size_t(width) + size_t(x);
+      for (int c = 0; c < channels; ++c) {
+        if (inverse)
+          dst[from * size_t(channels) + size_t(c)] = src[to * size_t(channels) + size_t(c)];
+        else
+          dst[to * size_t(channels) + size_t(c)] = src[from * size_t(channels) + size_t(c)];
+      }
+    }
+  }
+  return dst;
+}
+
+// --tta: the probabilities equal the mean over the explicitly transformed images predicted
+// without augmentation and transformed back (tile starts are symmetric at these sizes, so each
+// variant tile is a tile of the transformed image); the deviation, on one tile, equals theirs.
+TEST_F(Predict, TtaIsTheMeanOverExplicitlyTransformedImages) {
+  app::Predictor plain(checkpoint_, {});
+  struct Case {
+    app::Tta tta;
+    int width, height;
+  };
+  for (const Case c :
+       {Case{app::Tta::kFlips, 160, 112}, Case{app::Tta::kDihedral, 160, 160},
+        Case{app::Tta::kFlips, kSize, kSize}, Case{app::Tta::kDihedral, kSize, kSize}}) {
+    app::PredictorOptions po;
+    po.tta = c.tta;
+    app::Predictor augmented(checkpoint_, po);
+    const data::Image img = test_image(c.width, c.height, 41);
+    const int variants = app::tta_variants(c.tta);
+    const size_t n = size_t(c.width) * size_t(c.height);
+    std::vector<double> mean(n, 0), square(n, 0);
+    for (int v = 0; v < variants; ++v) {
+      const bool tr = v & 4;
+      data::Image t{tr ? c.height : c.width, tr ? c.width : c.height, 3,
+                    transformed(img.pixels, c.width, c.height, 3, v, false)};
+      const std::vector<float> p = transformed(plain.predict(t), c.width, c.height, 1, v, true);
+      for (size_t i = 0; i < n; ++i)
+        mean[i] += p[i] / variants, square[i] += double(p[i]) * p[i] / variants;
+    }
+    std::vector<float> got, deviation;
+    augmented.runner().submit(0, img,
+                              [&](size_t, const data::Image&, std::vector<float>& p,
+                                  const std::vector<float>& u) { got = p, deviation = u; });
+    augmented.runner().flush();
+    ASSERT_EQ(got.size(), n);
+    ASSERT_EQ(deviation.size(), n);
+    const std::vector<float> none = plain.predict(img);
+    double worst = 0, worst_sd = 0, changed = 0;
+    for (size_t i = 0; i < n; ++i) {
+      worst = std::max(worst, std::abs(got[i] - mean[i]));
+      changed = std::max(changed, std::abs(double(got[i]) - none[i]));
+      const double sd = std::sqrt(std::max(0.0, square[i] - mean[i] * mean[i]));
+      worst_sd = std::max(worst_sd, std::abs(deviation[i] - sd));
+    }
+    std::printf(
+        "[tta] %d variants on %dx%d: max |tta - explicit mean| %.2e, max deviation "
+        "difference %.2e, max change from no augmentation %.3f\n",
+        variants, c.width, c.height, worst, worst_sd, changed);
+    EXPECT_LE(worst, 1e-5);
+    EXPECT_GT(changed, 1e-3);  // the variants differ: the comparison is not vacuous
+    if (c.width == kSize && c.height == kSize) {
+      EXPECT_LE(worst_sd, 1e-4);
+    }
+  }
+  // The 8 symmetries of a square only where the tile is square: one usage error.
+  app::PredictorOptions po;
+  po.tta = app::Tta::kDihedral;
+  po.tile_height = kSize;
+  po.tile_width = 2 * kSize;
+  EXPECT_THROW(app::Predictor(checkpoint_, po), app::UsageError);
 }
 
 TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
@@ -571,8 +659,8 @@ TEST_F(Predict, ImagesOfAnySizeAndFormatGiveMasksOfTheirSize) {
   std::ofstream(in + "/notes.txt") << "not an image, not listed";
   std::ofstream(in + "/._big.png") << "macOS metadata, hidden, not listed";
 
-  const auto r =
-      test::run_command(dppredict(2, "-o " + out + " --overlay --save-prob --threshold 0.5 " + in));
+  const auto r = test::run_command(dppredict(
+      2, "-o " + out + " --overlay --save-prob --prob-format png8 --threshold 0.5 " + in));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("3 image(s) on 2 rank(s)"), std::string::npos) << r.output;
   const std::map<std::string, std::pair<int, int>> expected = {

@@ -47,6 +47,8 @@ void write_jpeg(const std::string& path, const uint8_t* pixels, int width, int h
 void write_png(const std::string& path, const uint8_t* pixels, int width, int height, int channels);
 // The bytes of an 8-bit PNG file (1-4 channels as write_png), e.g. for a data: URI.
 std::vector<uint8_t> encode_png(const uint8_t* pixels, int width, int height, int channels);
+// The bytes of a 16-bit PNG file (1-4 channels), as write_png16 writes them.
+std::vector<uint8_t> encode_png16(const uint16_t* pixels, int width, int height, int channels);
 // Writes a 16-bit PNG (1-4 channels as above). libpng's simplified API stores 16-bit data as
 // linear light (gAMA 1.0), so reading it back to 8-bit sRGB keeps 0 and 65535 only.
 void write_png16(const std::string& path, const uint16_t* pixels, int width, int height,
