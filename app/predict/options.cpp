@@ -58,7 +58,8 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
       "save-prob", po::bool_switch(&o.save_prob),
       "also write the probability map (prob/), as --prob-format says")(
       "prob-format", po::value(&o.prob_format)->default_value(o.prob_format),
-      "png16: 16-bit PNG of round(p x 65535); png8: 8-bit PNG of round(p x 255)")(
+      "png16: 16-bit PNG of round(p x 65535); png8: 8-bit PNG of round(p x 255); tiff32: "
+      "32-bit float TIFF of p (prob/<name>.tif)")(
       "save-uncertainty", po::bool_switch(&o.save_uncertainty),
       "with --tta: also write the per-pixel standard deviation of the probability over the "
       "variants (uncertainty/, 16-bit PNG of round(sd x 131070): 65535 is the largest possible "
@@ -190,8 +191,8 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   require(!(o.out.empty() && (o.save_prob || o.overlay || o.measure)),
           "--save-prob, --overlay and --measure need --out");
   require(o.per_image.empty() || o.from_dataset(), "--per-image needs --dataset");
-  require(o.prob_format == "png16" || o.prob_format == "png8",
-          "--prob-format must be png16 or png8, got '", o.prob_format, "'");
+  require(o.prob_format == "png16" || o.prob_format == "png8" || o.prob_format == "tiff32",
+          "--prob-format must be png16, png8 or tiff32, got '", o.prob_format, "'");
   parse_tta(o.tta);
   require(!o.save_uncertainty || o.tta != "none",
           "--save-uncertainty needs --tta flips or dihedral (the deviation over its variants)");

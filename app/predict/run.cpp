@@ -486,6 +486,10 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
         std::vector<uint8_t> p8(pixels);
         for (size_t i = 0; i < pixels; ++i) p8[i] = uint8_t(std::lround(prob[i] * kMaxByte));
         write_png_whole((out / kProbDir / file).string(), p8.data(), w, h, 1);
+      } else if (o.save_prob && o.prob_format == "tiff32") {
+        const std::vector<uint8_t> bytes = data::encode_tiff_float(prob.data(), w, h);
+        write_file_whole((out / kProbDir / (inputs[id].name + ".tif")).string(), bytes.data(),
+                         bytes.size());
       } else if (o.save_prob) {
         write_png16_whole((out / kProbDir / file).string(), prob.data(), 1.0f, w, h);
       }

@@ -283,13 +283,49 @@ struct TiffCloser {
 };
 using TiffPtr = std::unique_ptr<TIFF, TiffCloser>;
 
+// A TIFF written to memory: libtiff writes, seeks and reads back (its directory) through these.
+struct TiffSink {
+  std::vector<uint8_t> bytes;
+  toff_t at = 0;
+};
+tmsize_t sink_read(thandle_t h, void* dst, tmsize_t size) {
+  auto* sink = static_cast<TiffSink*>(h);
+  const toff_t left = sink->at < sink->bytes.size() ? sink->bytes.size() - sink->at : 0;
+  const auto n = static_cast<size_t>(std::min<toff_t>(left, static_cast<toff_t>(size)));
+  std::memcpy(dst, sink->bytes.data() + sink->at, n);
+  sink->at += n;
+  return static_cast<tmsize_t>(n);
+}
+tmsize_t sink_write(thandle_t h, void* src, tmsize_t size) {
+  auto* sink = static_cast<TiffSink*>(h);
+  const size_t n = static_cast<size_t>(size);
+  if (sink->bytes.size() < sink->at + n) sink->bytes.resize(sink->at + n);
+  std::memcpy(sink->bytes.data() + sink->at, src, n);
+  sink->at += n;
+  return size;
+}
+toff_t sink_seek(thandle_t h, toff_t offset, int whence) {
+  auto* sink = static_cast<TiffSink*>(h);
+  const toff_t base = whence == SEEK_CUR ? sink->at : whence == SEEK_END ? sink->bytes.size() : 0;
+  sink->at = base + offset;
+  return sink->at;
+}
+toff_t sink_size(thandle_t h) {
+  return static_cast<TiffSink*>(h)->bytes.size();
+}
+
 // Opens a TIFF from memory and reads the size of its first image.
-TiffPtr tiff_open(TiffSource& src, const std::string& path, int& width, int& height) {
+// libtiff's errors into tiff_error, its warnings nowhere (once per process).
+void install_tiff_handlers() {
   static std::once_flag handlers;
   std::call_once(handlers, [] {
     TIFFSetErrorHandler(tiff_error_handler);
     TIFFSetWarningHandler(nullptr);  // unknown tags and the like: not a reason to fail
   });
+}
+
+TiffPtr tiff_open(TiffSource& src, const std::string& path, int& width, int& height) {
+  install_tiff_handlers();
   tiff_error.clear();
   TiffPtr tif(TIFFClientOpen(path.c_str(), "rm", &src, tiff_read, tiff_write, tiff_seek, tiff_close,
                              tiff_size, tiff_map, tiff_unmap));
@@ -566,6 +602,38 @@ std::vector<uint8_t> encode_png16(const uint16_t* pixels, int width, int height,
 void write_png16(const std::string& path, const uint16_t* pixels, int width, int height,
                  int channels) {
   encode_png(path, pixels, width, height, channels, true);
+}
+
+std::vector<uint8_t> encode_tiff_float(const float* values, int width, int height) {
+  check_size(width, height, "(in memory)");
+  install_tiff_handlers();
+  tiff_error.clear();
+  TiffSink sink;
+  {
+    TiffPtr tif(TIFFClientOpen("(in memory)", "w", &sink, sink_read, sink_write, sink_seek,
+                               tiff_close, sink_size, tiff_map, tiff_unmap));
+    if (!tif) fail("encoding TIFF: libtiff: ", tiff_error);
+    TIFF* t = tif.get();
+    constexpr uint16_t kFloatBits = 32, kFloatPredictor = 3;
+    TIFFSetField(t, TIFFTAG_IMAGEWIDTH, uint32_t(width));
+    TIFFSetField(t, TIFFTAG_IMAGELENGTH, uint32_t(height));
+    TIFFSetField(t, TIFFTAG_SAMPLESPERPIXEL, uint16_t(1));
+    TIFFSetField(t, TIFFTAG_BITSPERSAMPLE, kFloatBits);
+    TIFFSetField(t, TIFFTAG_SAMPLEFORMAT, uint16_t(SAMPLEFORMAT_IEEEFP));
+    TIFFSetField(t, TIFFTAG_PHOTOMETRIC, uint16_t(PHOTOMETRIC_MINISBLACK));
+    TIFFSetField(t, TIFFTAG_PLANARCONFIG, uint16_t(PLANARCONFIG_CONTIG));
+    TIFFSetField(t, TIFFTAG_COMPRESSION, uint16_t(COMPRESSION_ADOBE_DEFLATE));
+    TIFFSetField(t, TIFFTAG_PREDICTOR, kFloatPredictor);
+    TIFFSetField(t, TIFFTAG_ROWSPERSTRIP, TIFFDefaultStripSize(t, 0));
+    std::vector<float> row(static_cast<size_t>(width));  // libtiff's predictor works in place
+    for (int y = 0; y < height; ++y) {
+      std::memcpy(row.data(), values + static_cast<size_t>(y) * width, row.size() * sizeof(float));
+      if (TIFFWriteScanline(t, row.data(), uint32_t(y), 0) < 0)
+        fail("encoding TIFF: libtiff: ", tiff_error);
+    }
+  }  // closed: the directory is written
+  if (!tiff_error.empty()) fail("encoding TIFF: libtiff: ", tiff_error);
+  return std::move(sink.bytes);
 }
 
 Image resize_bilinear(const Image& src, int width, int height) {

@@ -117,7 +117,8 @@ TEST(PredictMeasure, BadMeasureOptionsAreOneErrorLineAndNothingWritten) {
   };
   const std::vector<Case> cases = {
       {"--measure-only -o " + out + " --pixel-size 0 " + mask, "--pixel-size must be a positive"},
-      {"--measure-only -o " + out + " --pixel-size -0.1 " + mask, "--pixel-size must be a positive"},
+      {"--measure-only -o " + out + " --pixel-size -0.1 " + mask,
+       "--pixel-size must be a positive"},
       {"--measure-only -o " + out + " --pixel-size abc " + mask, "pixel-size"},
       {"--measure-only " + mask, "--measure-only needs --out"},
       {"--measure-only -o " + out + " --min-crack-px 0 " + mask, "--min-crack-px"},
@@ -203,6 +204,35 @@ TEST_F(PredictMeasureModel, MeasureGivesTheRowsOfTheWrittenMasks) {
   EXPECT_EQ(read_text(out + "/summary.csv"), summary_want);
   EXPECT_GT(skeleton_pixels, 0) << "the model predicts no crack at 0.3: not a real test";
   EXPECT_GT(double(yellow), 0.9 * double(skeleton_pixels));  // rings may cross the skeleton
+}
+
+// --save-prob in its three formats holds one map (read back by Pillow: tests/tools/
+// check_prob_maps.py), and --save-uncertainty with --tta writes the deviation map.
+TEST_F(PredictMeasureModel, ProbabilityFormatsHoldOneMap) {
+  const std::string probe = std::string(DP_TEST_PYTHON) + " -c 'import PIL, numpy' 2>&1";
+  if (test::run_command(probe).status != 0)
+    GTEST_SKIP() << "no Pillow/NumPy for " << DP_TEST_PYTHON << " (scripts/install-test-deps.sh)";
+  const std::string in = dir_->file("formats_in");
+  fs::create_directories(in);
+  data::SynthOptions so;
+  so.width = 150;
+  so.height = 100;
+  std::vector<uint8_t> rgb(150 * 100 * 3), mask(150 * 100);
+  data::render_synthetic(so, 5, rgb.data(), mask.data());
+  data::write_png(in + "/s.png", rgb.data(), 150, 100, 3);
+  for (const std::string format : {"png16", "png8", "tiff32"}) {
+    const auto r = test::run_command(mpi(1, DP_DPPREDICT,
+                                         "-c " + checkpoint_ + " -q --tta flips --save-prob " +
+                                             "--save-uncertainty --prob-format " + format + " -o " +
+                                             dir_->file(format) + " " + in));
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  const auto r =
+      test::run_command(std::string(DP_TEST_PYTHON) + " " + DP_CHECK_PROB_MAPS + " " +
+                        dir_->file("png16/prob") + " " + dir_->file("png8/prob") + " " +
+                        dir_->file("tiff32/prob") + " " + dir_->file("png16/uncertainty") + " s");
+  EXPECT_EQ(r.status, 0) << r.output;
+  std::printf("[prob maps] %s", r.output.c_str());
 }
 
 double printed(const std::string& output, const std::string& name) {

@@ -54,6 +54,10 @@ std::vector<uint8_t> encode_png16(const uint16_t* pixels, int width, int height,
 void write_png16(const std::string& path, const uint16_t* pixels, int width, int height,
                  int channels);
 
+// The bytes of a 32-bit floating-point gray TIFF (deflate with the floating-point predictor), e.g.
+// probabilities at full precision.
+std::vector<uint8_t> encode_tiff_float(const float* values, int width, int height);
+
 // Resizes to width x height: bilinear (pixel centres aligned, as PyTorch's align_corners=False
 // and OpenCV's INTER_LINEAR) for images, nearest (the source pixel whose area holds the
 // destination pixel's centre) for masks, so a mask keeps exactly its original values.
