@@ -5,6 +5,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   openmpi-bin libopenmpi-dev
+  mpich libmpich-dev  # the second MPI (preset mpich): the ABI of Cray MPICH, Intel MPI, MVAPICH
   libhdf5-dev hdf5-tools zlib1g-dev
   libturbojpeg0-dev libpng-dev
   libtiff-dev libgdk-pixbuf-2.0-dev  # TIFF and BMP masks and images (dpprep build)

@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Install, build (warnings are errors; the CUDA backend too where CUDA is installed) and run every
-# test (with build/venv for the tests that read outputs with PyPI packages).
+# test (with build/venv for the tests that read outputs with PyPI packages), then the MPICH half.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 bash scripts/install-test-deps.sh
 ctest --preset "${DP_PRESET:-default}" -j "$(nproc)" --timeout 600
+# The MPICH half (DP_MPICH=0 skips it): the same sources built against MPICH in build/mpich (CPU
+# backend), and every test but the simulated cluster's and Slurm's (Open MPI's launchers) run
+# under its mpiexec (Hydra): the MPI tests, the distributed equivalences, resume, preemption,
+# faults and the stall watchdog.
+if [[ ${DP_MPICH:-1} != 0 && -z ${DP_PRESET:-} ]]; then
+  DP_PRESET=mpich bash scripts/build.sh
+  ctest --preset mpich -j "$(nproc)" --timeout 600 -LE "cluster|slurm"
+fi

@@ -2,7 +2,10 @@
 #include "dp/mpi_comm.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 namespace dp::mpi {
 namespace {
@@ -49,9 +52,20 @@ Env::~Env() {
   if (!finalized) MPI_Finalize();
 }
 
+void Env::drain_output() {
+  // MPI_Abort makes the launcher kill every process at once: Hydra (MPICH's mpiexec) then drops
+  // what a rank wrote just before, unforwarded (the error line of a failing rank 0 was lost in 5
+  // of 8 runs), so the last lines get a moment to reach mpiexec first.
+  constexpr auto kOutputGrace = std::chrono::milliseconds(300);
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::this_thread::sleep_for(kOutputGrace);
+}
+
 void Env::abort(int code) {
   int initialized = 0;
   MPI_Initialized(&initialized);
+  drain_output();
   if (initialized) MPI_Abort(MPI_COMM_WORLD, code);
   std::exit(code);
 }

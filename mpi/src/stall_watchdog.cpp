@@ -162,7 +162,7 @@ void StallWatchdog::fire(const char* what, int64_t step, int64_t seq, double wai
          << ", exit status " << exit_code_ << ")\n";
     const std::string text = line.str();
     std::fputs(text.c_str(), stderr);
-    std::fflush(stderr);
+    Env::drain_output();
   } else {
     std::this_thread::sleep_for(kSilentRankPause);
   }

@@ -85,9 +85,10 @@ TEST_F(Cli, EmaAndEarlyStopping) {
 // `common` has every option but --model-dir.
 void expect_cpu_conv_choices(const std::string& common, const test::TempDir& dir,
                              const std::string& isa_cap) {
-  const std::string env = isa_cap.empty() ? "" : " -x ONEDNN_MAX_CPU_ISA=" + isa_cap;
+  // Set for mpiexec, whose local ranks inherit it (Open MPI and Hydra alike).
+  const std::string env = isa_cap.empty() ? "" : "env ONEDNN_MAX_CPU_ISA=" + isa_cap + " ";
   const auto run = [&](int np, const std::string& model_dir, const std::string& args) {
-    return test::run_command(std::string(DP_MPIEXEC) + env + " -n " + std::to_string(np) + " " +
+    return test::run_command(env + std::string(DP_MPIEXEC) + " -n " + std::to_string(np) + " " +
                              DP_DPTRAIN + " " + common + " --model-dir " +
                              dir.file(model_dir + isa_cap) + " " + args);
   };

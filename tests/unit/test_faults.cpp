@@ -162,8 +162,8 @@ TEST_F(Faults, ResumeSkipsANonFiniteCheckpoint) {
 test::CommandResult run_with_action(const std::string& dir, const std::string& job,
                                     const std::string& action) {
   const std::string script = dir + "/job.sh";
-  std::ofstream(script) << "#!/bin/sh\necho $$ > " << dir << "/pid.$OMPI_COMM_WORLD_RANK\nexec "
-                        << job << "\n";
+  std::ofstream(script) << "#!/bin/sh\necho $$ > " << dir
+                        << "/pid.${OMPI_COMM_WORLD_RANK:-$PMI_RANK}\nexec " << job << "\n";
   const std::string log = dir + "/job.log";
   std::ostringstream cmd;
   cmd << "cd " << dir << "; (" << mpiexec(2) << "sh " << script << " > " << log

@@ -31,6 +31,8 @@ class Env {
   Env& operator=(const Env&) = delete;
   // Ends every rank of the job with `code` (the app calls this on a fatal error so no rank hangs).
   [[noreturn]] static void abort(int code);
+  // Flushes stdout and stderr and waits for the launcher to forward them (before MPI_Abort).
+  static void drain_output();
 };
 
 class MpiComm final : public Comm {
