@@ -14,6 +14,7 @@
 #include "agreement.hpp"
 #include "dp/mpi_comm.hpp"
 #ifdef DP_WITH_CUDA
+#include <nccl.h>
 #include "dp/cuda/batch_upload.hpp"
 #include "dp/cuda/cuda_backend.hpp"
 #include "dp/cuda/device.hpp"
@@ -196,6 +197,13 @@ Device::Device(const DeviceRequest& request, Comm& comm)
 }
 
 Device::~Device() = default;
+
+std::string Device::nccl_version() const {
+#ifdef DP_WITH_CUDA
+  if (gpu_) return mpi::nccl_version();
+#endif
+  return {};
+}
 
 std::unique_ptr<Backend> Device::make_cpu_backend(const BackendRequest& request) {
   if (request.precision == Precision::kBFloat16 && !cpu_bf16_support().empty())

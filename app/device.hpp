@@ -90,6 +90,8 @@ class Device {
 
   bool gpu() const { return gpu_; }
   const GpuInfo& gpu_info() const { return gpu_info_; }
+  // The version of the NCCL this process loaded ("2.21.5") when it runs on a GPU, else "".
+  std::string nccl_version() const;
 
   // The CPU backend, or the CUDA one on the selected GPU. Call once.
   std::unique_ptr<Backend> make_backend(const BackendRequest& request);

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "agreement.hpp"
+#include "train/signals.hpp"
 
 namespace dp::app {
 namespace {
@@ -37,7 +38,7 @@ void FaultInjection::at_step(int64_t run_step, double& loss) const {
   if (fail_.now(rank_, run_step))
     fail(kFailAt, "=", fail_.rank, ":", fail_.step, ": failing on purpose in step ", fail_.step);
   if (nonfinite_.now(rank_, run_step)) loss = std::numeric_limits<double>::quiet_NaN();
-  if (preempt_.now(rank_, run_step)) std::raise(SIGUSR1);
+  if (preempt_.now(rank_, run_step)) std::raise(preemption_signals().front());
 }
 
 }  // namespace dp::app

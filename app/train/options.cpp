@@ -12,9 +12,18 @@
 #include "placeholders.hpp"
 #include "train/loss.hpp"
 #include "train/metrics.hpp"
+#include "train/signals.hpp"
 
 namespace dp::app {
 namespace po = boost::program_options;
+
+namespace {
+std::string join_words(const std::vector<std::string>& words) {
+  std::string text;
+  for (const std::string& w : words) text += (text.empty() ? "" : " ") + w;
+  return text;
+}
+}  // namespace
 
 std::string TrainOptions::describe() const {
   std::ostringstream os;
@@ -76,6 +85,7 @@ std::string TrainOptions::describe() const {
      << "allow_gpu_sharing = " << allow_gpu_sharing << "\n"
      << "check_sync_every = " << check_sync_every << "\n"
      << "stall_timeout = " << stall_timeout << "\n"
+     << "preempt_signal = " << join_words(preempt_signals) << "\n"
      << "model_dir = " << model_dir << "\n"
      << "resume = " << resume << "\n"
      << "config = " << config << "\n"
@@ -125,6 +135,7 @@ void store_config_file(const std::string& path, const po::options_description& o
 std::optional<TrainOptions> parse_train_options(int argc, const char* const* argv,
                                                 bool print_help) {
   TrainOptions o;
+  std::vector<std::string> preempt_signals;  // --preempt-signal as given (none: the default)
   po::options_description data("Data");
   data.add_options()("data", po::value(&o.data),
                      "dataset v1 HDF5 file (default: a synthetic crack dataset)")(
@@ -249,7 +260,12 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "compare a hash of the parameters over ranks every N steps (0: never)")(
       "stall-timeout", po::value(&o.stall_timeout)->default_value(o.stall_timeout),
       "end the job (exit 4) when a collective waits longer than this many seconds, naming the "
-      "ranks that have not arrived (0: off)");
+      "ranks that have not arrived (0: off)")(
+      "preempt-signal", po::value(&preempt_signals)->composing(),
+      "a signal that makes dptrain checkpoint at the next step and exit 75 (preempted, "
+      "resumable): TERM, USR1, USR2, HUP, INT, QUIT, XCPU or ALRM; repeat for several (default: "
+      "TERM and USR1; with NCCL 2.12, which takes SIGUSR1 itself, use USR2 and sbatch "
+      "--signal=B:USR2@T)");
   // Benchmark-only switches: parsed, not shown by --help.
   po::options_description hidden("Hidden");
   hidden.add_options()("bench-skip-allreduce", po::bool_switch(&o.bench_skip_allreduce),
@@ -406,6 +422,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
           "--progress-us must be between 0 and 1000000, got ", o.progress_us);
   require(o.accumulation_steps >= 1, "--accumulation-steps must be at least 1, got ",
           o.accumulation_steps);
+  if (!preempt_signals.empty()) o.preempt_signals = preempt_signals;
+  parse_preempt_signals(o.preempt_signals);  // a UsageError naming a bad one
   require(o.stall_timeout >= 0, "--stall-timeout must be >= 0 seconds (0: off), got ",
           o.stall_timeout);
   require(o.skip_nonfinite_steps >= 0, "--skip-nonfinite-steps must be >= 0, got ",

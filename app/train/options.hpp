@@ -78,6 +78,8 @@ struct TrainOptions {
   bool allow_gpu_sharing = false;  // allow more ranks on a node than visible GPUs
   int64_t check_sync_every = 0;    // steps between parameter-hash comparisons (0: never)
   double stall_timeout = 600;      // seconds a collective may wait before the job ends (0: off)
+  // Signals that checkpoint and exit 75 (train/signals.hpp); empty on the command line: TERM USR1.
+  std::vector<std::string> preempt_signals = {"TERM", "USR1"};
   bool bench_skip_allreduce = false;  // hidden, benchmarks only: no gradient communication
   bool bench_step_times = false;      // hidden, benchmarks only: per-step times, peak memory
   // checkpointing and output

@@ -73,8 +73,8 @@ StepGuard::Agreement StepGuard::agree(int64_t run_step, bool loss_finite, bool g
   }
   if (a.preempt) {
     progress_.clear();
-    log_.info("preemption: SIGTERM/SIGUSR1 received by ", v[0], " of ", comm_.size(),
-              " rank(s); stopping after step ", run_step);
+    log_.info("preemption: ", signal_names(preemption_signals()), " received by ", v[0], " of ",
+              comm_.size(), " rank(s); stopping after step ", run_step);
   }
   return a;
 }

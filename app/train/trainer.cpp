@@ -87,7 +87,8 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
           comm_.rank() == 0,
           use_progress_bar(opt_.progress, isatty(STDOUT_FILENO) != 0, isatty(STDERR_FILENO) != 0),
           opt_.log_every),
-      guard_(opt_, comm_, log_, progress_) {
+      guard_(opt_, comm_, log_, progress_),
+      preemption_(parse_preempt_signals(opt_.preempt_signals)) {
   log_configuration();
   choose_device();
   on_root(comm_, "--model-dir", [&] {
@@ -180,6 +181,13 @@ void Trainer::choose_device() {
     log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN, ", cpu_isa_name(), "), ",
               threads.threads, " thread(s) per rank (", threads.source, "), ", convs);
   }
+  const std::string nccl = device_->nccl_version();
+  log_.info("preemption: ", signal_names(preemption_signals()),
+            " -> checkpoint at the next step, exit ", kExitPreempted,
+            nccl.empty() ? std::string() : str_cat(" (NCCL ", nccl, " loaded)"));
+  if (const std::string w = nccl_signal_warning(nccl, preemption_signals());
+      !w.empty() && comm_.rank() == 0)
+    log_.warn(w);
 }
 
 void Trainer::set_up_model() {

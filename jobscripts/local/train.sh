@@ -43,6 +43,10 @@ if mpirun --version 2>/dev/null | grep "Open MPI" >/dev/null; then
   if (( NP > $(nproc) )); then mpi_flags+=(--oversubscribe); fi
 fi
 
+# The signal passed on to dptrain (its --preempt-signal): USR1, or USR2 where NCCL 2.12 takes
+# SIGUSR1 for itself (then also ask Slurm for it: #SBATCH --signal=B:USR2@<seconds>).
+PREEMPT_SIGNAL=${PREEMPT_SIGNAL:-USR1}
+
 # --- stopping, resuming ---------------------------------------------------------------------------
 # The trap passes SIGUSR1 to mpirun, which forwards it to every rank (mpirun answers SIGINT/SIGTERM
 # by killing the ranks a few seconds later, which could cut the checkpoint short).
@@ -52,19 +56,20 @@ passed_on=0
 # shellcheck disable=SC2317  # run from the traps below
 pass_on() {  # pass_on SIGNAL
   interrupted=1
-  echo "train.sh: SIG$1 received; passing SIGUSR1 to dptrain (checkpoint, then exit 75)"
-  [[ -n $mpirun_pid ]] && kill -s USR1 "$mpirun_pid" 2>/dev/null && passed_on=1
+  echo "train.sh: SIG$1 received; passing SIG$PREEMPT_SIGNAL to dptrain (checkpoint, then exit 75)"
+  [[ -n $mpirun_pid ]] && kill -s "$PREEMPT_SIGNAL" "$mpirun_pid" 2>/dev/null && passed_on=1
 }
 trap 'pass_on INT' INT
 trap 'pass_on TERM' TERM
 trap 'pass_on USR1' USR1
+trap 'pass_on USR2' USR2
 
 read -r -a extra_args <<<"$EXTRA_ARGS"
 mkdir -p "$MODEL_DIR"
 # setsid: Ctrl-C reaches this script only, not mpirun and the ranks directly.
 setsid mpirun -np "$NP" ${mpi_flags[@]+"${mpi_flags[@]}"} "$DPTRAIN" \
   --data "$DATA" --model-dir "$MODEL_DIR" --model "$MODEL" --epochs "$EPOCHS" \
-  --batch-size "$BATCH_SIZE" --lr "$LR" --device "$DEVICE" --resume auto \
+  --batch-size "$BATCH_SIZE" --lr "$LR" --device "$DEVICE" --resume auto --preempt-signal "$PREEMPT_SIGNAL" \
   ${extra_args[@]+"${extra_args[@]}"} &
 mpirun_pid=$!
 set +e
@@ -77,7 +82,7 @@ while :; do
 done
 # Stopped while dptrain was still starting (before it catches signals): nothing was written, the
 # checkpoints stand, so it is as resumable as an exit 75.
-if (( passed_on && rc == 128 + $(kill -l USR1) )); then rc=75; fi
+if (( passed_on && rc == 128 + $(kill -l "$PREEMPT_SIGNAL") )); then rc=75; fi
 case $rc in
   0) exit 0 ;;
   75)

@@ -9,6 +9,13 @@
 
 namespace dp::mpi {
 
+std::string nccl_version() {
+  int v = 0;
+  DP_NCCL_CHECK(ncclGetVersion(&v));
+  constexpr int kMajor = 10000, kMinor = 100;
+  return str_cat(v / kMajor, ".", (v % kMajor) / kMinor, ".", v % kMinor);
+}
+
 void throw_nccl_error(ncclResult_t status, const char* call, const char* file, int line) {
   // NCCL's last-error text says what failed underneath (CUDA, network, ...); empty if nothing.
   const char* detail = ncclGetLastError(nullptr);

@@ -33,6 +33,13 @@ const char* ncclGetLastError(ncclComm_t) {
   return "";
 }
 
+// The emulation reports the NCCL release it was written against.
+ncclResult_t ncclGetVersion(int* version) {
+  if (version == nullptr) return ncclInvalidArgument;
+  *version = NCCL_VERSION_CODE;
+  return ncclSuccess;
+}
+
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   std::memset(id, 0, sizeof *id);
   std::strncpy(id->internal, "dp_emu", sizeof id->internal - 1);

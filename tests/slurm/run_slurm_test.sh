@@ -12,7 +12,8 @@
 #     it with 2 ranks (width divisor 16, 32x32 images, 3 epochs of 4608 steps), once with
 #     LAUNCHER=srun (PMIx) and once with LAUNCHER=mpirun (DP_SLURM_TEST_LAUNCHERS picks).
 #  3. Once the job has logged a step of epoch 2, `scancel --signal=USR1 --batch JOB` (what
-#     `--signal=B:USR1@<grace>` does near the time limit): the batch shell passes the signal on,
+#     `--signal=B:USR1@<grace>` does near the time limit; USR2 and PREEMPT_SIGNAL=USR2, so
+#     dptrain --preempt-signal USR2, for the mpirun job): the batch shell passes the signal on,
 #     dptrain writes model_epoch_1_step_<S>.h5 and exits 75, the script runs `scontrol requeue`.
 #  4. The requeued job (Restarts=1) is released (StartTime=now; Slurm would hold it back for about
 #     two minutes), resumes at that step and finishes all 3 epochs; the job log must show each stage.
@@ -261,9 +262,10 @@ epoch2_or_end() {
 requeued() { [[ $(job_field Restarts) -ge 1 && $(job_field JobState) == PENDING ]]; }
 node_idle_again() { [[ $(sinfo -h -n "$node" -o %t 2>/dev/null) == idle ]]; }
 
-# run_job LAUNCHER: submit, preempt mid-epoch 2, requeue, release, check the finished job.
+# run_job LAUNCHER SIGNAL: submit, preempt mid-epoch 2 with SIGNAL (the job's PREEMPT_SIGNAL, so
+# dptrain's --preempt-signal), requeue, release, check the finished job.
 run_job() {
-  export LAUNCHER=$1 MODEL_DIR=$work/run-$1
+  export LAUNCHER=$1 MODEL_DIR=$work/run-$1 PREEMPT_SIGNAL=$2
   # srun starts Open MPI's ranks through PMIx (the test cluster's MpiDefault is none).
   export SRUN_ARGS=--mpi=pmix
   local submit_out state exit_code restarts rows e
@@ -279,8 +281,9 @@ run_job() {
   # Preempt once epoch 2 is under way: a step line of epoch 2 (over 4500 steps, some 15 s, are
   # left: room for a slow poll on a loaded machine, where 1500 steps once ran out).
   wait_for 120 "a training step of epoch 2 in $joblog" epoch2_or_end
-  log "epoch 2 running: scancel --signal=USR1 --batch $job"
-  scancel --signal=USR1 --batch "$job" || fail "scancel --signal=USR1 --batch $job failed"
+  log "epoch 2 running: scancel --signal=$PREEMPT_SIGNAL --batch $job"
+  scancel --signal="$PREEMPT_SIGNAL" --batch "$job" ||
+    fail "scancel --signal=$PREEMPT_SIGNAL --batch $job failed"
 
   wait_for 60 "the job to be requeued (Restarts=1, PENDING)" requeued
   log "requeued: JobState=$(job_field JobState) Restarts=$(job_field Restarts) Reason=$(job_field Reason)"
@@ -295,13 +298,15 @@ run_job() {
   log "job $job: JobState=$state ExitCode=$exit_code Restarts=$restarts"
 
   echo "----- job $job ($LAUNCHER): log lines of the preemption, the requeue and the resume -----"
-  grep -E 'SIGUSR1|preempt|requeu|resumed from|restart count|epoch [0-9]+/[0-9]+ |done:' "$joblog"
+  grep -E 'SIGUSR|preempt|requeu|resumed from|restart count|epoch [0-9]+/[0-9]+ |done:' "$joblog"
   echo "----- slurmctld.log on job $job -----"
   grep -E "JobId=${job}([^0-9]|$)" "$tmp/log/slurmctld.log" | grep -Ei 'requeu|allocate|kill|complete|begin'
   echo "-----------------------------------------------------------------------------------------"
   [[ $state == COMPLETED && $exit_code == 0:0 ]] || fail "job ended $state with exit code $exit_code"
   [[ $restarts == 1 ]] || fail "expected exactly 1 restart, scontrol says Restarts=$restarts"
-  log_has 'SIGUSR1 received' || fail "the batch shell did not report the SIGUSR1"
+  log_has "SIG$PREEMPT_SIGNAL received" || fail "the batch shell did not report the SIG$PREEMPT_SIGNAL"
+  log_has "preemption: SIG$PREEMPT_SIGNAL received by" ||
+    fail "dptrain did not take SIG$PREEMPT_SIGNAL as its preemption signal"
   local where epoch step
   where=$(grep -Eo 'preempted in epoch [0-9]+ after step [0-9]+' "$joblog" | head -n 1)
   [[ -n $where ]] || fail "no 'preempted in epoch E after step S' line: the signal did not land mid-epoch"
@@ -325,7 +330,8 @@ run_job() {
   log "PASS ($LAUNCHER): preempted after step $step of epoch $epoch through Slurm, requeued, resumed there, finished $EPOCHS epochs"
 }
 
+# srun with SIGUSR1 (the default), mpirun with SIGUSR2 (--preempt-signal USR2).
 for launcher in ${DP_SLURM_TEST_LAUNCHERS:-srun mpirun}; do
-  run_job "$launcher"
+  if [[ $launcher == mpirun ]]; then run_job "$launcher" USR2; else run_job "$launcher" USR1; fi
 done
 exit 0

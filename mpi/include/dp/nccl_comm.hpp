@@ -5,6 +5,7 @@
 #include <nccl.h>
 
 #include <cstddef>
+#include <string>
 
 #include "dp/error.hpp"
 #include "dp/mpi_comm.hpp"
@@ -19,6 +20,9 @@
   } while (0)
 
 namespace dp::mpi {
+
+// The loaded NCCL's version, "2.21.5" (ncclGetVersion: major * 10000 + minor * 100 + patch).
+std::string nccl_version();
 
 [[noreturn]] void throw_nccl_error(ncclResult_t status, const char* call, const char* file,
                                    int line);
