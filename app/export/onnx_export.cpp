@@ -2,6 +2,9 @@
 // the weights as initializers, normalisation and batch norm folded into convolutions.
 #include "export/onnx_export.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <bit>
 #include <cerrno>
 #include <cmath>
@@ -36,6 +39,7 @@ constexpr const char* kLogitsName = "logits";
 constexpr const char* kProbName = "prob";
 constexpr int kChannels = 3;
 constexpr int64_t kMaxProtoBytes = int64_t{2} << 30;  // protobuf's limit for one message
+constexpr mode_t kFileMode = 0644;                    // rw-r--r--, less the umask
 constexpr int kMetadataDigits = 9;                    // significant digits: a float round-trips
 
 // A graph under construction: nodes in order, initializers, unique tensor names.
@@ -382,13 +386,15 @@ void add_metadata(onnx::ModelProto& m, const std::string& key, const std::string
 
 }  // namespace
 
-std::string onnx_model_bytes(const std::string& checkpoint, const ExportOptions& options,
-                             ExportSummary* summary_out) {
+namespace {
+
+// The ModelProto of `checkpoint` (the model and its arenas are gone when it returns).
+onnx::ModelProto model_proto(const std::string& checkpoint, const ExportOptions& options,
+                             ExportSummary& summary) {
   DP_CHECK(options.input_scale > 0, "onnx export: input scale must be positive");
   LoadedModel lm = load(checkpoint, options.raw_weights);
   const Model& model = *lm.model;
   const CheckpointMeta& meta = lm.meta;
-  ExportSummary summary;
   summary.model = meta.model;
   summary.width_divisor = int(meta.width_divisor);
   summary.deconv = meta.deconv != 0;
@@ -451,26 +457,26 @@ std::string onnx_model_bytes(const std::string& checkpoint, const ExportOptions&
                                             : "none");
   add_metadata(mp, "source", std::filesystem::path(checkpoint).filename().string());
 
-  const auto size = int64_t(mp.ByteSizeLong());
-  DP_CHECK(size < kMaxProtoBytes, "checkpoint '", checkpoint, "': the ONNX model would take ", size,
-           " bytes, more than protobuf's 2 GiB");
-  std::string bytes;
-  DP_CHECK(mp.SerializeToString(&bytes), "onnx export: serialising the model failed");
-  summary.bytes = int64_t(bytes.size());
-  if (summary_out != nullptr) *summary_out = summary;
-  return bytes;
+  summary.bytes = int64_t(mp.ByteSizeLong());
+  DP_CHECK(summary.bytes < kMaxProtoBytes, "checkpoint '", checkpoint,
+           "': the ONNX model would take ", summary.bytes, " bytes, more than protobuf's 2 GiB");
+  return mp;
 }
+
+}  // namespace
 
 ExportSummary export_onnx(const std::string& checkpoint, const std::string& out,
                           const ExportOptions& options) {
   ExportSummary summary;
-  const std::string bytes = onnx_model_bytes(checkpoint, options, &summary);
+  const onnx::ModelProto mp = model_proto(checkpoint, options, summary);
+  // Serialised straight into the file: no second copy of the weights in memory.
   const std::string tmp = temp_path_for(out);
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) fail("cannot write '", out, "': ", std::strerror(errno));
-  bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() && std::fflush(f) == 0;
-  int err = ok ? 0 : errno;
-  if (std::fclose(f) != 0 && ok) ok = false, err = errno;
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, kFileMode);
+  if (fd < 0) fail("cannot write '", out, "': ", std::strerror(errno));
+  errno = 0;
+  bool ok = mp.SerializeToFileDescriptor(fd);
+  int err = ok ? 0 : (errno != 0 ? errno : EIO);
+  if (::close(fd) != 0 && ok) ok = false, err = errno;
   if (!ok) {
     std::remove(tmp.c_str());
     fail("cannot write '", out, "': ", std::strerror(err));

@@ -32,12 +32,9 @@ struct ExportSummary {
   int64_t bytes = 0;       // of the serialised model
 };
 
-// The serialised ModelProto of `checkpoint`. Throws dp::Error naming the checkpoint when it is
-// missing, foreign, damaged or of an unknown model.
-std::string onnx_model_bytes(const std::string& checkpoint, const ExportOptions& options,
-                             ExportSummary* summary = nullptr);
-
-// onnx_model_bytes written to `out` whole or not at all (a temporary name, fsync, rename).
+// Writes the ONNX model of `checkpoint` to `out`, whole or not at all (a temporary name, fsync,
+// rename). Throws dp::Error naming the checkpoint when it is missing, foreign, damaged or of an
+// unknown model, or naming `out` when it cannot be written.
 ExportSummary export_onnx(const std::string& checkpoint, const std::string& out,
                           const ExportOptions& options);
 
