@@ -31,6 +31,7 @@ namespace fs = std::filesystem;
 constexpr int kTrainSize = 64;  // the fixture's training images (UNetResNet takes multiples of 64)
 constexpr double kEma = 0.5;    // a decay that leaves the averages far from the raw weights
 constexpr uint64_t kSeed = 11;
+constexpr double kTolerance = 1e-4;  // ONNX Runtime against dppredict: max |diff| / max |logit|
 
 // What the exported model takes: 8-bit pixels as floats 0..255 (the default), 0..1
 // (--input-scale 1), or the normalised input the network sees (--keep-normalization).
@@ -166,6 +167,20 @@ class Export : public ::testing::Test {
            ":" + stem + ".input:" + stem + ".logits";
   }
 
+  // dppredict's network's logits on one random normalised 64x64 image, raw or averaged weights.
+  static std::vector<float> network_logits(const std::string& ckpt, bool raw_weights) {
+    app::PredictorOptions po;
+    po.batch = 1;
+    po.raw_weights = raw_weights;
+    app::Predictor predictor(ckpt, po);
+    std::mt19937 rng(kSeed);
+    std::normal_distribution<float> normal;
+    std::vector<float> x(size_t(kTrainSize) * kTrainSize * 3);
+    for (float& v : x) v = normal(rng);
+    const float* y = predictor.model().forward_host(x.data(), 1);
+    return std::vector<float>(y, y + size_t(kTrainSize) * kTrainSize);
+  }
+
   // Exports `run`'s checkpoint with `flags` and checks the model on `cases`; prints the checks.
   void export_and_check(const std::string& run, const std::string& flags, const std::string& cases,
                         const std::string& check_flags = "") {
@@ -184,7 +199,8 @@ class Export : public ::testing::Test {
                                  " --meta deconv=" + (meta.deconv != 0 ? "1" : "0") +
                                  " --meta threshold=" + format_number(threshold);
     r = test::run_command(std::string(DP_TEST_PYTHON) + " " + DP_CHECK_ONNX_EXPORT + " " + onnx +
-                          cases + metadata + " " + check_flags + " 2>&1");
+                          cases + metadata + " --tolerance " + format_number(kTolerance) + " " +
+                          check_flags + " 2>&1");
     std::cout << r.output;
     EXPECT_EQ(r.status, 0) << r.output;
   }
@@ -234,6 +250,15 @@ TEST_F(Export, UnetResNet34RawWeightsMatchDppredictsRawWeights) {
   const std::string c = checkpoint("unet_resnet34");
   export_and_check("unet_resnet34", "--raw-weights --fold-bn",
                    reference(c, 1, 64, 128, Input::kPixels255, true), "--meta weights=raw");
+  // The averages are far from the raw weights: a model of the wrong ones would fail the check.
+  const std::vector<float> raw = network_logits(c, true), averaged = network_logits(c, false);
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < raw.size(); ++i) {
+    diff = std::max(diff, std::fabs(double(raw[i]) - double(averaged[i])));
+    scale = std::max(scale, std::fabs(double(averaged[i])));
+  }
+  std::cout << "raw against averaged weights: relative " << diff / scale << "\n";
+  EXPECT_GT(diff / scale, 100 * kTolerance);
 }
 
 TEST_F(Export, UnetResNet34InputScaleOneAndKeptNormalizationMatchDppredict) {
