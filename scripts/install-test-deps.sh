@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs what the test suite reads dptrain's outputs with: a virtual environment in build/venv
-# with the tensorboard and Pillow packages from PyPI (test_tensorboard). Idempotent; root for apt.
+# with the tensorboard and Pillow packages from PyPI (test_tensorboard), and onnx and onnxruntime
+# (test_export: dpexport's models checked and run). Idempotent; root for apt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${DP_TEST_VENV:-build/venv}
-packages=("tensorboard>=2.15,<3" "pillow>=9")
+packages=("tensorboard>=2.15,<3" "pillow>=9" "onnx" "onnxruntime")
 
 if ! /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null; then
   if [[ $(id -u) -ne 0 ]]; then
@@ -15,10 +16,10 @@ if ! /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null; then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends python3-venv
 fi
-if "$venv/bin/python3" -c 'import tensorboard, PIL, numpy' 2>/dev/null; then
-  echo "install-test-deps: $venv has tensorboard $("$venv/bin/python3" -c 'import tensorboard; print(tensorboard.__version__)')"
+if "$venv/bin/python3" -c 'import tensorboard, PIL, numpy, onnx, onnxruntime' 2>/dev/null; then
+  echo "install-test-deps: $venv has $("$venv/bin/python3" -c 'import tensorboard, onnx, onnxruntime as ort; print("tensorboard", tensorboard.__version__, "onnx", onnx.__version__, "onnxruntime", ort.__version__)')"
   exit 0
 fi
 echo "install-test-deps: creating $venv with ${packages[*]}"
-/usr/bin/python3 -m venv "$venv"
+[[ -x $venv/bin/python3 ]] || /usr/bin/python3 -m venv "$venv"
 "$venv/bin/python3" -m pip install -q --disable-pip-version-check "${packages[@]}"

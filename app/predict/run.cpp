@@ -238,10 +238,6 @@ std::vector<std::string> list_inputs(const PredictOptions& options) {
   return files;
 }
 
-namespace {
-
-// The threshold of the validation's ODS F-measure that dptrain recorded for the checkpoint's last
-// epoch (--threshold ods); NaN if there is none.
 double recorded_ods_threshold(const CheckpointMeta& meta) {
   const size_t epoch = size_t(std::max<int64_t>(meta.epoch, 0));
   const double t = epoch >= 1 && epoch <= meta.valid_ods_threshold.size()
@@ -249,6 +245,8 @@ double recorded_ods_threshold(const CheckpointMeta& meta) {
                        : std::numeric_limits<double>::quiet_NaN();
   return t > 0 && t < 1 ? t : std::numeric_limits<double>::quiet_NaN();
 }
+
+namespace {
 
 // One error line for an input file that cannot be read or decoded (the file named once).
 void report_unreadable(int rank, const std::string& path, const std::string& what) {

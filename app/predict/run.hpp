@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "dp/checkpoint.hpp"
 #include "dp/comm.hpp"
 #include "dp/log.hpp"
 #include "predict/options.hpp"
@@ -23,6 +24,10 @@ struct SegmentationMetrics {
   double precision() const;  // TP / (TP + FP)
   double recall() const;     // TP / (TP + FN)
 };
+
+// The threshold of the validation's ODS F-measure that dptrain recorded for the checkpoint's last
+// epoch (dppredict --threshold ods, dpexport's metadata); NaN if there is none.
+double recorded_ods_threshold(const CheckpointMeta& meta);
 
 // The images the options name, in order: each positional file; each positional folder's image
 // files (.jpg .jpeg .png in any case, hidden files skipped), sorted by name; then each line of

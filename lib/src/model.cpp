@@ -10,8 +10,7 @@
 
 namespace dp {
 namespace {
-constexpr float kBnEps = 1e-5f;  // PyTorch BatchNorm2d defaults
-constexpr float kBnMomentum = 0.1f;
+constexpr float kBnMomentum = 0.1f;   // PyTorch BatchNorm2d's default
 constexpr int64_t kAlignFloats = 16;  // 64 bytes
 
 int64_t aligned(int64_t n) {
@@ -132,6 +131,30 @@ int Model::concat(int a, int b) {
   op.in0 = a;
   op.in1 = b;
   return add_op(std::move(op), nodes_[size_t(a)].scale, channels(a) + channels(b));
+}
+
+Graph Model::graph() const {
+  Graph g;
+  g.input = input_;
+  g.output = output_;
+  for (const Node& x : nodes_) g.channels.push_back(x.c);
+  for (const Op& op : ops_) {
+    GraphOp o;
+    o.kind = op.kind;
+    o.in0 = op.in0;
+    o.in1 = op.in1;
+    o.out = op.out;
+    o.weight = op.weight;
+    o.bias = op.bias;
+    o.running_mean = op.running_mean;
+    o.running_var = op.running_var;
+    o.kernel = op.kernel;
+    o.stride = op.stride;
+    o.pad = op.pad >= 0 ? op.pad : op.kernel / 2;
+    o.relu = op.relu;
+    g.ops.push_back(o);
+  }
+  return g;
 }
 
 void Model::set_output(int node) {
@@ -319,7 +342,7 @@ void Model::batchnorm_forward(Op& op, int n) {
     if (stat_reducer_) stat_reducer_(sums, 2 * size_t(d.c) + 1);  // sync-BN
     count = sums[2 * d.c];
   }
-  backend_.batchnorm_prepare(d.c, training_, sums, count, kBnEps, kBnMomentum,
+  backend_.batchnorm_prepare(d.c, training_, sums, count, kBatchNormEps, kBnMomentum,
                              buffers_.view(op.running_mean).value,
                              buffers_.view(op.running_var).value, mean, invstd);
   backend_.batchnorm_apply(d, nodes_[size_t(op.in0)].v, mean, invstd, params_.view(op.weight).value,

@@ -26,6 +26,32 @@ struct ModelConfig {
 // Models known to make_model().
 std::vector<std::string> model_names();
 
+// Batch norm's epsilon (PyTorch's BatchNorm2d default), in evaluation (running statistics) and
+// training alike.
+inline constexpr float kBatchNormEps = 1e-5f;
+
+// One op of a model's graph as Model::graph() describes it (exporters): `in0`, `in1`, `out` are
+// node ids, `weight`, `bias` indices into params(), `running_mean`, `running_var` into buffers()
+// (-1: none). Convolution: weight [cout, cin, k, k], padding `pad` (already resolved: kernel / 2
+// when the model said -1), fused ReLU. Transposed convolution: weight [cin, cout, k, k], stride,
+// pad. Batch norm: eps kBatchNormEps, fused ReLU. Add: in0 + in1, fused ReLU. Dropout: identity
+// in evaluation. Max-pool: 2x2, stride 2. Upsample: bilinear x2, PyTorch's align_corners=False.
+// Concat: along channels, in0's channels first.
+struct GraphOp {
+  enum class Kind { kConv, kDeconv, kBatchNorm, kAdd, kDropout, kMaxPool, kUpsample, kConcat };
+  Kind kind = Kind::kConv;
+  int in0 = -1, in1 = -1, out = -1;
+  int weight = -1, bias = -1;
+  int running_mean = -1, running_var = -1;
+  int kernel = 0, stride = 1, pad = 0;
+  bool relu = false;
+};
+struct Graph {
+  int input = -1, output = -1;  // node ids (the input [n,H,W,3] NHWC, the logits [n,H,W,1])
+  std::vector<int> channels;    // per node id
+  std::vector<GraphOp> ops;     // in execution order
+};
+
 // Told during Model::backward when a parameter's gradient is final (in backward order, which
 // is arena order: the arena is laid out in reverse declaration order). A gradient reducer uses
 // it to start a bucket's all-reduce while the rest of backward runs.
@@ -57,6 +83,8 @@ class Model {
   const ParamStore& buffers() const { return buffers_; }
   // Multiple that the input height and width must be (the number of 2x poolings, as a factor).
   virtual int size_multiple() const = 0;
+  // The graph as it runs in evaluation mode (ops in forward order), for exporters.
+  Graph graph() const;
 
   // Allocates activations for up to max_batch images of height x width (checked).
   void setup(int max_batch, int height, int width);
@@ -118,7 +146,7 @@ class Model {
     void* g = nullptr;        // the arena (the input's value in fp32: the caller's batch)
     bool grad_ready = false;  // during backward: grad holds a partial sum
   };
-  enum class OpKind { kConv, kDeconv, kBatchNorm, kAdd, kDropout, kMaxPool, kUpsample, kConcat };
+  using OpKind = GraphOp::Kind;
   struct Op {
     OpKind kind = OpKind::kConv;
     int in0 = -1, in1 = -1, out = -1;
