@@ -100,7 +100,8 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
       "pixels of reflected context added around every image, so that no image border meets the "
       "network's zero padding at a tile border (0: borders flush, as whole training images were; "
       "docs/real-data.md)")("batch-size,b", po::value(&o.batch_size)->default_value(o.batch_size),
-                            "tiles per forward pass")(
+                            "tiles per forward pass (fewer where they would hold more than a "
+                            "megapixel: a large tile runs alone)")(
       "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
       "3x3 convolutions: auto (whichever is faster when timed at first use: direct, Winograd "
       "or direct on oneDNN's blocked layout, or GEMMs: shifted or Winograd), direct (bitwise "

@@ -47,7 +47,12 @@ Predictor::Predictor(const std::string& checkpoint, const PredictorOptions& opti
   if (tile_height_ % m != 0 || tile_width_ % m != 0)
     throw UsageError(str_cat("--tile ", tile_height_, "x", tile_width_, ": ", meta_.model,
                              " takes tiles whose sides are multiples of ", m));
-  model_->setup(options.batch, tile_height_, tile_width_);
+  // Tiles per forward pass: --batch-size, but no more than fill kMaxBatchPixels, so that a large
+  // tile (up to a whole photograph) runs alone instead of reserving room for several.
+  constexpr int64_t kMaxBatchPixels = int64_t(1) << 20;
+  const int64_t tile_pixels = int64_t(tile_height_) * tile_width_;
+  batch_ = int(std::clamp<int64_t>(kMaxBatchPixels / tile_pixels, 1, options.batch));
+  model_->setup(batch_, tile_height_, tile_width_, Model::Purpose::kInference);
   model_->set_training(false);  // running batch-norm statistics, no dropout
   // Averaged weights (--ema) load after the raw ones into the same arenas, replacing them.
   averaged_ = meta_.has_averaged_weights && !options.raw_weights;
@@ -56,7 +61,7 @@ Predictor::Predictor(const std::string& checkpoint, const PredictorOptions& opti
                   averaged_ ? &into_model : nullptr);
   runner_ = std::make_unique<TiledRunner>(
       [this](const float* input, int n) { return model_->forward_host(input, n); }, normalization_,
-      tile_height_, tile_width_, overlap_, options.batch, margin_, options.tta);
+      tile_height_, tile_width_, overlap_, batch_, margin_, options.tta);
 }
 
 Predictor::~Predictor() = default;

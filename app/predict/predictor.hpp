@@ -43,6 +43,9 @@ class Predictor {
   int tile_width() const { return tile_width_; }
   int overlap() const { return overlap_; }
   int margin() const { return margin_; }
+  int batch() const {
+    return batch_;
+  }  // tiles per forward pass (--batch-size, capped for large tiles)
   Model& model() { return *model_; }
   TiledRunner& runner() { return *runner_; }
 
@@ -53,7 +56,7 @@ class Predictor {
   std::string path_;
   CheckpointMeta meta_;
   Normalization normalization_;
-  int tile_height_ = 0, tile_width_ = 0, overlap_ = 0, margin_ = 0;
+  int tile_height_ = 0, tile_width_ = 0, overlap_ = 0, margin_ = 0, batch_ = 1;
   bool averaged_ = false;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;

@@ -190,13 +190,14 @@ DeconvDesc Model::deconv_desc(const Op& op, int n) const {
   return d;
 }
 
-void Model::setup(int max_batch, int height, int width) {
+void Model::setup(int max_batch, int height, int width, Purpose purpose) {
   const int m = size_multiple();
   DP_CHECK(max_batch > 0, "batch size must be positive, got ", max_batch);
   DP_CHECK(height > 0 && width > 0 && height % m == 0 && width % m == 0, "model ", config_.name,
            ": input height and width must be positive multiples of ", m, ", got ", height, "x",
            width);
   max_batch_ = max_batch;
+  purpose_ = purpose;
   height_ = height;
   width_ = width;
   DeviceMemory* const mem = backend_.device_memory();
@@ -222,7 +223,9 @@ void Model::setup(int max_batch, int height, int width) {
   // starting on a 64-byte boundary) before they are added to the arena.
   int64_t largest_param = 0;
   for (const ParamView& p : params_.views()) largest_param = std::max(largest_param, p.numel);
-  param_scratch_ = Buffer(static_cast<size_t>(2 * aligned(largest_param)) * sizeof(float), mem);
+  param_scratch_ = Buffer();
+  if (purpose == Purpose::kTraining)
+    param_scratch_ = Buffer(static_cast<size_t>(2 * aligned(largest_param)) * sizeof(float), mem);
   bn_sums_.assign(2 * size_t(max_channels) + 1, 0.0);
   if (mem != nullptr) {
     input_stage_ =
@@ -266,9 +269,17 @@ void Model::plan_activations(DeviceMemory* mem, int64_t scratch_bytes) {
   const auto backward_time = [f](size_t op) { return 2 * f - 1 - static_cast<int>(op); };
   std::vector<int> v_born(nodes_.size(), 0), v_dies(nodes_.size(), 0);
   std::vector<int> g_born(nodes_.size(), end), g_dies(nodes_.size(), 0);
+  const bool inference = purpose_ == Purpose::kInference;
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op& op = ops_[i];
     const int t = static_cast<int>(i), tb = backward_time(i);
+    if (inference) {  // a value lives from its op to the last op that reads it
+      v_born[size_t(op.out)] = t;
+      v_dies[size_t(op.out)] = std::max(v_dies[size_t(op.out)], t);
+      for (int in : {op.in0, op.in1})
+        if (in >= 0) v_dies[size_t(in)] = std::max(v_dies[size_t(in)], t);
+      continue;
+    }
     const bool reads_src =
         op.kind == OpKind::kConv || op.kind == OpKind::kDeconv || op.kind == OpKind::kBatchNorm;
     const bool reads_dst = op.relu && (reads_src || op.kind == OpKind::kAdd);
@@ -294,7 +305,7 @@ void Model::plan_activations(DeviceMemory* mem, int64_t scratch_bytes) {
     // copy. The input needs no gradient.
     const bool input = int(i) == input_;
     if (!input || act_ != DType::kFloat32) blocks.push_back({bytes, 0, v_born[i], v_dies[i], &x.v});
-    if (!input) blocks.push_back({bytes, 0, g_born[i], g_dies[i], &x.g});
+    if (!input && !inference) blocks.push_back({bytes, 0, g_born[i], g_dies[i], &x.g});
   }
   constexpr int64_t kAlign = 256;  // bytes: as cuDNN's vectorised kernels want
   for (Block& b : blocks) {
@@ -302,7 +313,9 @@ void Model::plan_activations(DeviceMemory* mem, int64_t scratch_bytes) {
     unshared_bytes_ += b.bytes;
     if (!config_.share_activation_memory) b.born = 0, b.dies = end;  // all overlap
   }
-  blocks.push_back({(scratch_bytes + kAlign - 1) / kAlign * kAlign, 0, f, end, &scratch_});
+  scratch_ = nullptr;
+  if (!inference)  // backward's scratch
+    blocks.push_back({(scratch_bytes + kAlign - 1) / kAlign * kAlign, 0, f, end, &scratch_});
   std::vector<size_t> order(blocks.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(),
@@ -417,6 +430,7 @@ const float* Model::forward_host(const float* host_input, int n) {
 }
 
 void Model::backward(const float* diff_logits, GradListener* listener, GradMode mode) {
+  DP_CHECK(purpose_ == Purpose::kTraining, "Model::backward after setup() for inference only");
   DP_CHECK(batch_ > 0, "Model::backward before forward()");
   const bool accumulate = mode == GradMode::kAccumulate;
   const int n = batch_;

@@ -1,6 +1,7 @@
 // UNet16: structure (names, shapes, parameter count), input checks, and whole-model gradients.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -76,6 +77,57 @@ TEST(Models, SizesMatchTheReference) {
     EXPECT_EQ(m->params().count(), k.params) << k.name;
     EXPECT_EQ(m->params().views().size(), k.tensors) << k.name;
     EXPECT_EQ(m->buffers().views().size(), k.buffers) << k.name;
+  }
+}
+
+// setup() for inference: the same logits as a training set-up in evaluation mode, for every model
+// of the zoo, in much less activation memory; backward() is refused.
+TEST(Models, InferenceSetupGivesTheSameLogitsInLessMemory) {
+  auto be = make_cpu_backend();
+  struct Case {
+    const char* name;
+    bool deconv;
+    int divisor;
+  };
+  for (const Case& k : {Case{"unet16", false, 16}, Case{"unet16", true, 16},
+                        Case{"unet_resnet34", false, 16}, Case{"unet_resnet101", false, 32}}) {
+    ModelConfig c;
+    c.name = k.name;
+    c.deconv = k.deconv;
+    c.width_divisor = k.divisor;
+    auto train = make_model(c, *be), infer = make_model(c, *be);
+    train->params().init_pytorch_default(7);
+    std::memcpy(infer->params().values(), train->params().values(),
+                size_t(train->params().arena_size()) * sizeof(float));
+    if (train->buffers().arena_size() > 0) {
+      for (int64_t i = 0; i < train->buffers().arena_size(); ++i)  // running statistics
+        train->buffers().values()[i] = 0.5f + 0.25f * float(i % 3);
+      std::memcpy(infer->buffers().values(), train->buffers().values(),
+                  size_t(train->buffers().arena_size()) * sizeof(float));
+    }
+    constexpr int kBatch = 2, kH = 64, kW = 128;
+    train->setup(kBatch, kH, kW);
+    infer->setup(kBatch, kH, kW, Model::Purpose::kInference);
+    train->set_training(false);
+    infer->set_training(false);
+    std::vector<float> input(size_t(kBatch) * kH * kW * 3);
+    Rng rng(3);
+    for (float& v : input) v = rng.uniform(-2.0f, 2.0f);
+    const float* a = train->forward(input.data(), kBatch);
+    std::vector<float> want(a, a + size_t(kBatch) * kH * kW);
+    const float* b = infer->forward(input.data(), kBatch);
+    double worst = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      worst = std::max(worst, double(std::abs(b[i] - want[i])));
+    std::printf(
+        "[inference setup] %s%s /%d: activations %.2f MiB (training %.2f MiB), max "
+        "|logit difference| %.1e\n",
+        k.name, k.deconv ? " deconv" : "", k.divisor, double(infer->activation_bytes()) / (1 << 20),
+        double(train->activation_bytes()) / (1 << 20), worst);
+    EXPECT_EQ(worst, 0.0) << k.name;
+    EXPECT_LT(infer->activation_bytes(), train->activation_bytes() / 2) << k.name;
+    std::vector<float> diff(want.size(), 1.0f);
+    EXPECT_THROW(infer->backward(diff.data(), nullptr, GradMode::kOverwrite), Error);
   }
 }
 

@@ -423,6 +423,28 @@ TEST_F(Predict, TtaIsTheMeanOverExplicitlyTransformedImages) {
   EXPECT_THROW(app::Predictor(checkpoint_, po), app::UsageError);
 }
 
+// A tile of a whole photograph runs alone (the batch capped at a megapixel of tiles) in an
+// inference-only activation plan: a fraction of a training set-up's memory.
+TEST_F(Predict, LargeTilesRunAloneInInferenceMemory) {
+  app::PredictorOptions po;
+  EXPECT_EQ(app::Predictor(checkpoint_, po).batch(), po.batch);  // training-size tiles: 4
+  po.tile_height = 768;
+  po.tile_width = 1024;
+  app::Predictor large(checkpoint_, po);
+  EXPECT_EQ(large.batch(), 1);
+  const CheckpointMeta meta = read_checkpoint_meta(checkpoint_);
+  auto backend = make_cpu_backend();
+  auto training = make_model({meta.model, int(meta.width_divisor), meta.deconv != 0}, *backend);
+  training->setup(1, 768, 1024);
+  const double pixels = 768.0 * 1024.0;
+  std::printf(
+      "[large tile] 768x1024: %.0f bytes of activations per pixel (a training set-up: "
+      "%.0f)\n",
+      double(large.model().activation_bytes()) / pixels,
+      double(training->activation_bytes()) / pixels);
+  EXPECT_LT(large.model().activation_bytes(), training->activation_bytes() / 3);
+}
+
 TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   // 1. The run's own record: dptrain's validation IoU at 0.5 against dppredict under mpirun,
   //    the validation files split across two ranks, the sums printed by rank 0.

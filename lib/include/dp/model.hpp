@@ -86,8 +86,12 @@ class Model {
   // The graph as it runs in evaluation mode (ops in forward order), for exporters.
   Graph graph() const;
 
-  // Allocates activations for up to max_batch images of height x width (checked).
-  void setup(int max_batch, int height, int width);
+  // Allocates activations for up to max_batch images of height x width (checked). Forward only
+  // (inference): no gradients, and each value's memory is reused once the forward pass has read
+  // it for the last time (the UNet's skip connections live until their decoder stage), so a large
+  // tile needs a fraction of a training step's memory; backward() is then an error.
+  enum class Purpose { kTraining, kInference };
+  void setup(int max_batch, int height, int width, Purpose purpose = Purpose::kTraining);
   int max_batch() const { return max_batch_; }
   // Bytes of activation memory (values, gradients, saved state, scratch) allocated by setup(),
   // and what the values and gradients alone would take if none shared memory.
@@ -179,6 +183,7 @@ class Model {
   std::vector<Op> ops_;
   int input_ = -1, output_ = -1;
   int max_batch_ = 0, height_ = 0, width_ = 0, batch_ = 0;
+  Purpose purpose_ = Purpose::kTraining;
   DType act_ = DType::kFloat32;  // the backend's activation_type()
   bool training_ = true;
   std::vector<uint64_t> dropout_seeds_, op_seeds_;  // per sample; per sample for one op
