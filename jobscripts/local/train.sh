@@ -43,7 +43,7 @@ if mpirun --version 2>/dev/null | grep "Open MPI" >/dev/null; then
   if (( NP > $(nproc) )); then mpi_flags+=(--oversubscribe); fi
 fi
 
-# The signal passed on to dptrain (its --preempt-signal): USR1, or USR2 where NCCL 2.12 takes
+# The signal passed on to dptrain (its --preempt-signal, beside TERM): USR1, or USR2 where NCCL 2.12 takes
 # SIGUSR1 for itself (then also ask Slurm for it: #SBATCH --signal=B:USR2@<seconds>).
 PREEMPT_SIGNAL=${PREEMPT_SIGNAL:-USR1}
 
@@ -69,7 +69,7 @@ mkdir -p "$MODEL_DIR"
 # setsid: Ctrl-C reaches this script only, not mpirun and the ranks directly.
 setsid mpirun -np "$NP" ${mpi_flags[@]+"${mpi_flags[@]}"} "$DPTRAIN" \
   --data "$DATA" --model-dir "$MODEL_DIR" --model "$MODEL" --epochs "$EPOCHS" \
-  --batch-size "$BATCH_SIZE" --lr "$LR" --device "$DEVICE" --resume auto --preempt-signal "$PREEMPT_SIGNAL" \
+  --batch-size "$BATCH_SIZE" --lr "$LR" --device "$DEVICE" --resume auto --preempt-signal TERM --preempt-signal "$PREEMPT_SIGNAL" \
   ${extra_args[@]+"${extra_args[@]}"} &
 mpirun_pid=$!
 set +e

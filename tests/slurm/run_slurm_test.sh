@@ -266,8 +266,9 @@ node_idle_again() { [[ $(sinfo -h -n "$node" -o %t 2>/dev/null) == idle ]]; }
 # dptrain's --preempt-signal), requeue, release, check the finished job.
 run_job() {
   export LAUNCHER=$1 MODEL_DIR=$work/run-$1 PREEMPT_SIGNAL=$2
-  # srun starts Open MPI's ranks through PMIx (the test cluster's MpiDefault is none).
-  export SRUN_ARGS=--mpi=pmix
+  # srun starts the ranks through PMIx (Open MPI) or PMI-2 (MPICH's build: DP_SLURM_TEST_SRUN_MPI
+  # =pmi2); the test cluster's MpiDefault is none.
+  export SRUN_ARGS=--mpi=${DP_SLURM_TEST_SRUN_MPI:-pmix}
   local submit_out state exit_code restarts rows e
   # --ntasks/--cpus-per-task fit the 2-CPU node (the script asks for 2 x 32 cores).
   submit_out=$(cd "$work" && sbatch --parsable --nodes=1 --ntasks=2 --ntasks-per-node=2 \

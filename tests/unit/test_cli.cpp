@@ -33,6 +33,30 @@ class Cli : public ::testing::Test {
   std::string data_;
 };
 
+// Ranks, node-local ranks and node names come from MPI alone: with the launchers' informational
+// variables removed from every rank's environment (Open MPI's OMPI_COMM_WORLD_*, Hydra's
+// MPI_LOCALRANKID/MPI_LOCALNRANKS, Slurm's task ids; the PMI wire-up ones stay, MPI_Init needs
+// them) each rank still knows who and where it is, and 3 ranks train.
+TEST_F(Cli, RanksAndNodesComeFromMpiNotLauncherVariables) {
+  const std::string wrapper = dir_.file("clear_env.sh");
+  std::ofstream(wrapper) << "#!/bin/sh\nexec env -u OMPI_COMM_WORLD_RANK -u OMPI_COMM_WORLD_SIZE "
+                            "-u OMPI_COMM_WORLD_LOCAL_RANK -u OMPI_COMM_WORLD_LOCAL_SIZE "
+                            "-u OMPI_COMM_WORLD_NODE_RANK -u MPI_LOCALRANKID -u MPI_LOCALNRANKS "
+                            "-u SLURM_PROCID -u SLURM_LOCALID -u SLURM_NTASKS \"$@\"\n";
+  std::filesystem::permissions(wrapper, std::filesystem::perms::owner_all);
+  const auto r = test::run_command(std::string(DP_MPIEXEC) + " -n 3 " + wrapper + " " + DP_DPTRAIN +
+                                   " " + common() + " --epochs 1 --log-all-ranks");
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string line = "rank " + std::to_string(rank) + " of 3 on node ";
+    const size_t at = r.output.find(line);
+    ASSERT_NE(at, std::string::npos) << line << "\n" << r.output;
+    const std::string rest = r.output.substr(at, r.output.find('\n', at) - at);
+    EXPECT_NE(rest.find(", node-local rank " + std::to_string(rank) + " of 3"), std::string::npos)
+        << rest;
+  }
+}
+
 TEST_F(Cli, BadOptionValueIsOneLineAndExit2) {
   const auto r = test::run_command(dptrain(2, common() + " --lr -1"));
   EXPECT_EQ(r.status, 2) << r.output;
