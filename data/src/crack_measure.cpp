@@ -93,7 +93,7 @@ const std::vector<Crack>& CrackMeasurer::measure(const uint8_t* mask, int height
   const size_t w = size_t(width), h = size_t(height), n = w * h;
   cracks_.clear();
   label_.assign(n, 0);
-  // 8-connected components in raster order of their first pixel; those too small get label -1.
+  // 8-connected components in raster order of their first pixel; those too small end as label 0.
   std::vector<int32_t> kept;  // component index -> crack index + 1 (0 when dropped)
   int32_t components = 0;
   for (size_t start = 0; start < n; ++start) {

@@ -306,7 +306,7 @@ run_job() {
   [[ $state == COMPLETED && $exit_code == 0:0 ]] || fail "job ended $state with exit code $exit_code"
   [[ $restarts == 1 ]] || fail "expected exactly 1 restart, scontrol says Restarts=$restarts"
   log_has "SIG$PREEMPT_SIGNAL received" || fail "the batch shell did not report the SIG$PREEMPT_SIGNAL"
-  log_has "preemption: SIG$PREEMPT_SIGNAL received by" ||
+  log_has "preemption: (SIGTERM, )?SIG$PREEMPT_SIGNAL received by" ||
     fail "dptrain did not take SIG$PREEMPT_SIGNAL as its preemption signal"
   local where epoch step
   where=$(grep -Eo 'preempted in epoch [0-9]+ after step [0-9]+' "$joblog" | head -n 1)
