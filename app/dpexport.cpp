@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dp/error.hpp"
+#include "error_lines.hpp"
 #include "exit_codes.hpp"
 #include "export/onnx_export.hpp"
 #include "placeholders.hpp"
@@ -100,14 +101,6 @@ int run(int argc, char** argv) {
   return kExitOk;
 }
 
-// One line per line of the message, each prefixed "dpexport: error: ".
-void print_error(const std::string& what) {
-  std::istringstream lines(what);
-  std::string line;
-  while (std::getline(lines, line)) std::cerr << kProgram << ": error: " << line << "\n";
-  if (what.empty()) std::cerr << kProgram << ": error:\n";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -117,7 +110,7 @@ int main(int argc, char** argv) {
     std::cerr << kProgram << ": error: " << e.what() << "\n";
     return kExitUsage;
   } catch (const std::exception& e) {
-    print_error(e.what());
+    dp::app::print_error_lines(kProgram, e.what());
     return kExitFailure;
   }
 }

@@ -21,6 +21,7 @@
 #include "dp/error.hpp"
 #include "dp/prepare.hpp"
 #include "dp/synth.hpp"
+#include "error_lines.hpp"
 #include "exit_codes.hpp"
 #include "placeholders.hpp"
 #include "progress.hpp"
@@ -445,14 +446,6 @@ int run(int argc, char** argv) {
   throw UsageError(dp::str_cat("unknown command '", name, "' (expected one of: ", known, ")"));
 }
 
-// One "dpprep: error: " line per line of the message (a failed build lists every bad file).
-void print_error(const std::string& what) {
-  std::istringstream lines(what);
-  std::string line;
-  while (std::getline(lines, line)) std::cerr << kProgram << ": error: " << line << "\n";
-  if (what.empty()) std::cerr << kProgram << ": error:\n";
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -468,7 +461,7 @@ int main(int argc, char** argv) {
     std::cerr << kProgram << ": error: " << e.what() << "\n";
     return kExitUsage;
   } catch (const std::exception& e) {
-    print_error(e.what());
+    dp::app::print_error_lines(kProgram, e.what());
     return kExitFailure;
   }
 }

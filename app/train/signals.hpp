@@ -5,7 +5,6 @@
 
 #include <csignal>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "exit_codes.hpp"  // kExitPreempted: every rank's status after a preemption checkpoint

@@ -143,12 +143,8 @@ class PredictMeasureModel : public ::testing::Test {
     dir_ = new test::TempDir;
     data_ = dir_->file("synth.h5");
     test::write_tiny_dataset(data_, 32, 9, 64);
-    const auto r = test::run_command(
-        mpi(1, DP_DPTRAIN,
-            "--data " + data_ + " --width-divisor 16 --batch-size 2 --epochs 1 --lr 0.1 " +
-                "--pos-weight --threshold 0.5 --model-dir " + dir_->file("run")));
-    ASSERT_EQ(r.status, 0) << r.output;
-    checkpoint_ = dir_->file("run/model_epoch_1.h5");
+    checkpoint_ = test::train_one_epoch(DP_MPIEXEC, DP_DPTRAIN, data_, dir_->file("run"));
+    ASSERT_FALSE(checkpoint_.empty());
   }
   static void TearDownTestSuite() {
     delete dir_;

@@ -118,6 +118,20 @@ std::string mpiexec_command(const std::string& mpiexec, int np, const std::strin
          program + " " + args;
 }
 
+std::string train_one_epoch(const std::string& mpiexec, const std::string& dptrain,
+                            const std::string& data, const std::string& model_dir) {
+  const CommandResult r = run_command(
+      mpiexec + " -n 1 " + dptrain + " --data " + data +
+      " --width-divisor 16 --batch-size 2 --epochs 1 --lr 0.1 --pos-weight --threshold 0.5 "
+      "--model-dir " +
+      model_dir);
+  if (r.status != 0) {
+    ADD_FAILURE() << r.output;
+    return {};
+  }
+  return model_dir + "/model_epoch_1.h5";
+}
+
 app::TrainOptions tiny_training(const std::string& data, const std::string& model_dir, int batch) {
   app::TrainOptions o;
   o.data = data;

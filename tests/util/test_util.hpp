@@ -87,6 +87,12 @@ struct CommandResult {
 };
 CommandResult run_command(const std::string& command);
 
+// One epoch of UNet16 /16 by `dptrain` under `mpiexec -n 1` on `data` into `model_dir` (batch 2,
+// LR 0.1, --pos-weight, so that the predictions are a mix of crack and background); returns the
+// epoch's checkpoint, or "" after failing the current test with dptrain's output.
+std::string train_one_epoch(const std::string& mpiexec, const std::string& dptrain,
+                            const std::string& data, const std::string& model_dir);
+
 // "timeout -k 5 T [env ENV] MPIEXEC -n NP PROGRAM ARGS": a job that hangs fails its test after
 // kill_after_seconds instead of hanging it.
 std::string mpiexec_command(const std::string& mpiexec, int np, const std::string& program,
