@@ -11,6 +11,11 @@ a summary: the epochs with IoU@0.5 = 0 after epoch 2, best ODS and AP, the sprea
 the last 5 epochs, and, with --test (the held-out split as the `val` split of T.h5), dppredict's
 scores of model_best.h5 at its default threshold (--threshold auto). Standard library only; the
 datasets are fetched and built as docs/real-data.md says (never committed).
+
+A recipe is one of RECIPES (the runs of the earlier sections) or words joined by '-', each adding
+options: sqrt / none (--pos-weight), ema (--ema 0.99), cosine (--lr-schedule cosine), adamw
+(--optimizer adamw, with cosine unless const follows), const (a constant LR), lrN (--lr
+0.00N), warm (--warmup-epochs 1), ods (--best-metric ods); e.g. sqrt-ema-adamw-lr2.
 """
 import argparse
 import csv
@@ -34,6 +39,36 @@ RECIPES = {
 }
 
 
+WORDS = {
+    "sqrt": ["--pos-weight", "sqrt"],
+    "none": ["--pos-weight", "none"],
+    "ema": ["--ema", "0.99"],
+    "cosine": ["--lr-schedule", "cosine"],
+    "warm": ["--warmup-epochs", "1"],
+    "ods": ["--best-metric", "ods"],
+}
+
+
+def recipe_options(name):
+    """dptrain options of a recipe: a RECIPES entry, or the words of a composed name."""
+    if name in RECIPES:
+        return RECIPES[name]
+    words = name.split("-")
+    options = []
+    for w in words:
+        if w in WORDS:
+            options += WORDS[w]
+        elif w == "adamw":
+            options += ["--optimizer", "adamw"]
+            if "const" not in words and "cosine" not in words:
+                options += WORDS["cosine"]
+        elif w.startswith("lr") and w[2:].isdigit():
+            options += ["--lr", f"0.00{w[2:]}"]
+        elif w != "const":
+            raise argparse.ArgumentTypeError(f"unknown recipe word '{w}' in '{name}'")
+    return options
+
+
 def run(cmd, log):
     print("$ " + " ".join(cmd), flush=True)
     with open(log, "w") as f:
@@ -53,7 +88,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True)
     ap.add_argument("--test", help="dataset whose val split is the held-out test split")
-    ap.add_argument("--recipe", required=True, choices=sorted(RECIPES))
+    ap.add_argument("--recipe", required=True, type=lambda n: recipe_options(n) and n,
+                    help="a RECIPES name or composed words (see above)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[42, 7])
     ap.add_argument("--out", required=True)
     ap.add_argument("--tolerance", default="2")
@@ -64,7 +100,7 @@ def main():
         cmd = ["mpirun", "--allow-run-as-root", "-np", "2", os.path.join(BUILD, "dptrain"),
                "--data", a.data, *FIXED, "--tolerance", a.tolerance, "--seed", str(seed),
                "--model-dir", model_dir, "--resume", "never", "--progress", "lines",
-               *RECIPES[a.recipe]]
+               *recipe_options(a.recipe)]
         run(cmd, os.path.join(model_dir, "train.log"))
         with open(os.path.join(model_dir, "metrics.csv")) as f:
             rows = list(csv.DictReader(f))
