@@ -103,9 +103,11 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
                             "tiles per forward pass (fewer where they would hold more than a "
                             "megapixel: a large tile runs alone)")(
       "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
-      "3x3 convolutions: auto (whichever is faster when timed at first use: direct, Winograd "
-      "or direct on oneDNN's blocked layout, or GEMMs: shifted or Winograd), direct (bitwise "
-      "reproducible), winograd (AVX-512 CPUs only; elsewhere an error), blocked, gemm or "
+      "3x3 convolutions: direct (the default: bitwise reproducible, and faster than auto for a "
+      "command's photographs, measured in bench/README.md), auto (whichever is faster when timed "
+      "at first use: direct, Winograd or direct on oneDNN's blocked layout, or GEMMs: shifted or "
+      "Winograd; the timing costs more than it saves unless a command predicts many "
+      "photographs), winograd (AVX-512 CPUs only; elsewhere an error), blocked, gemm or "
       "gemm-winograd")(
       "device", po::value(&o.device)->default_value(o.device),
       "auto (a GPU where every rank sees one, else the CPU), cpu or cuda (GPU = node-local rank "
