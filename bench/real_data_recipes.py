@@ -14,8 +14,10 @@ datasets are fetched and built as docs/real-data.md says (never committed).
 
 A recipe is one of RECIPES (the runs of the earlier sections) or words joined by '-', each adding
 options: sqrt / none (--pos-weight), ema (--ema 0.99), cosine (--lr-schedule cosine), adamw
-(--optimizer adamw, with cosine unless const follows), const (a constant LR), lrN (--lr
-0.00N), warm (--warmup-epochs 1), ods (--best-metric ods); e.g. sqrt-ema-adamw-lr2.
+(--optimizer adamw, with cosine unless const or drop follows), const (a constant LR), drop
+(x0.1 from epoch 11: --lr-schedule step --lr-step 10 --lr-gamma 0.1), lrN (--lr
+0.00N), warm (--warmup-epochs 1), wsN (--warmup-steps N), ods (--best-metric ods); e.g.
+sqrt-ema-adamw-lr2.
 """
 import argparse
 import csv
@@ -45,6 +47,7 @@ WORDS = {
     "ema": ["--ema", "0.99"],
     "cosine": ["--lr-schedule", "cosine"],
     "warm": ["--warmup-epochs", "1"],
+    "drop": ["--lr-schedule", "step", "--lr-step", "10", "--lr-gamma", "0.1"],
     "ods": ["--best-metric", "ods"],
 }
 
@@ -60,8 +63,10 @@ def recipe_options(name):
             options += WORDS[w]
         elif w == "adamw":
             options += ["--optimizer", "adamw"]
-            if "const" not in words and "cosine" not in words:
+            if not {"const", "cosine", "drop"} & set(words):
                 options += WORDS["cosine"]
+        elif w.startswith("ws") and w[2:].isdigit():
+            options += ["--warmup-steps", w[2:]]
         elif w.startswith("lr") and w[2:].isdigit():
             options += ["--lr", f"0.00{w[2:]}"]
         elif w != "const":

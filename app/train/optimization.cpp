@@ -28,4 +28,8 @@ double epoch_lr(const TrainOptions& o, int64_t epoch, int world) {
   return scheduled_lr(s, epoch);
 }
 
+double step_lr(const TrainOptions& o, double lr, int64_t step) {
+  return lr * warmup_factor(step, o.warmup_steps);
+}
+
 }  // namespace dp::app

@@ -1,5 +1,5 @@
 // dptrain's optimiser and learning rate from its options: --optimizer, --lr-schedule,
-// --warmup-epochs, --lr-scaling.
+// --warmup-epochs, --warmup-steps, --lr-scaling.
 #pragma once
 
 #include <cstdint>
@@ -19,5 +19,9 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, ParamStore& par
 // The LR of epoch `epoch` (0-based) on `world` ranks: --lr times the --lr-scaling factor of
 // world x --accumulation-steps, then the schedule (per epoch) with its warm-up.
 double epoch_lr(const TrainOptions& o, int64_t epoch, int world);
+
+// The LR of optimiser step `step` (1-based over the run) in an epoch at `lr`: --warmup-steps'
+// linear ramp on top of the epoch's LR.
+double step_lr(const TrainOptions& o, double lr, int64_t step);
 
 }  // namespace dp::app

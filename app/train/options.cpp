@@ -55,6 +55,7 @@ std::string TrainOptions::describe() const {
      << "adam_eps = " << adam_eps << "\n"
      << "lr_schedule = " << lr_schedule << "\n"
      << "warmup_epochs = " << warmup_epochs << "\n"
+     << "warmup_steps = " << warmup_steps << "\n"
      << "lr_scaling = " << lr_scaling << "\n"
      << "clip_grad_norm = " << clip_grad_norm << "\n"
      << "skip_nonfinite_steps = " << skip_nonfinite_steps << "\n"
@@ -191,6 +192,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "step (x --lr-gamma every --lr-step epochs) or cosine (to 0 at --epochs); per epoch")(
       "warmup-epochs", po::value(&o.warmup_epochs)->default_value(o.warmup_epochs),
       "linear warm-up: epoch e < W runs at lr x (e+1)/(W+1)")(
+      "warmup-steps", po::value(&o.warmup_steps)->default_value(o.warmup_steps),
+      "linear warm-up per optimiser step on top of the schedule: step s <= N (1-based over the "
+      "run) runs at its epoch's lr x s/N")(
       "lr-scaling", po::value(&o.lr_scaling)->default_value(o.lr_scaling),
       "scale --lr by world size x accumulation steps: none, linear or sqrt")(
       "clip-grad-norm", po::value(&o.clip_grad_norm)->default_value(o.clip_grad_norm),
@@ -382,6 +386,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(o.lr_schedule == "step" || o.lr_schedule == "cosine",
           "--lr-schedule must be step or cosine, got '", o.lr_schedule, "'");
   require(o.warmup_epochs >= 0, "--warmup-epochs must be >= 0, got ", o.warmup_epochs);
+  require(o.warmup_steps >= 0, "--warmup-steps must be >= 0, got ", o.warmup_steps);
   require(o.lr_scaling == "none" || o.lr_scaling == "linear" || o.lr_scaling == "sqrt",
           "--lr-scaling must be none, linear or sqrt, got '", o.lr_scaling, "'");
   require(o.clip_grad_norm >= 0, "--clip-grad-norm must be >= 0 (0: off), got ", o.clip_grad_norm);

@@ -45,6 +45,7 @@ struct TrainOptions {
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   std::string lr_schedule = "step";  // step | cosine (per epoch)
   int warmup_epochs = 0;             // linear warm-up epochs
+  int64_t warmup_steps = 0;          // linear warm-up per optimiser step, on top
   std::string lr_scaling = "none";   // none | linear | sqrt of world size x accumulation steps
   double clip_grad_norm = 0;         // max global L2 norm of the gradients (0: no clipping)
   int skip_nonfinite_steps = 0;      // steps with a non-finite loss/gradient skipped before a stop

@@ -367,7 +367,7 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
     progress_.step(e.start.step + step + 1, sums.loss / std::max(1.0, sums.pixels),
                    e.plan.step_samples(step));
     outputs_->step(state_.step, sums.loss - before.loss, sums.pixels - before.pixels,
-                   e.plan.step_samples(step), e.lr);
+                   e.plan.step_samples(step), float(step_lr(opt_, e.lr, state_.step)));
     // Preemption after this step, unless it is the epoch's last: the epoch ends and its
     // checkpoint serves.
     if (done.preempt && step + 1 < e.plan.steps()) {
@@ -455,7 +455,7 @@ Trainer::StepResult Trainer::train_step(const EpochContext& e, int64_t step, Epo
   if (agreed.finite()) {
     if (opt_.clip_grad_norm > 0)  // the reduced, averaged gradients: identical on every rank
       scale_to_max_norm(*backend_, grads, grad_count, grad_norm, opt_.clip_grad_norm);
-    optim_->update(e.lr, run_step);
+    optim_->update(float(step_lr(opt_, e.lr, run_step)), run_step);
     if (average_) average_->update();
   } else {  // no update; the step's loss and counts are dropped
     guard_.on_nonfinite(agreed, e.epoch, e.start.step + step + 1, run_step, grad_norm);

@@ -57,6 +57,12 @@ double scheduled_lr(const LrSchedule& s, int64_t epoch) {
   return s.base * std::pow(s.gamma, double(epoch / s.step_size));
 }
 
+double warmup_factor(int64_t step, int64_t warmup_steps) {
+  DP_CHECK(step >= 1 && warmup_steps >= 0, "warmup_factor: step ", step, ", warm-up steps ",
+           warmup_steps);
+  return step >= warmup_steps ? 1.0 : double(step) / double(warmup_steps);
+}
+
 double lr_scale(const std::string& scaling, int world, int accumulation) {
   const double n = double(world) * double(accumulation);
   if (scaling == "linear") return n;

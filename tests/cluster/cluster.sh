@@ -18,11 +18,14 @@
 #   node_pids I              the pids of the processes inside node I (holder excluded)
 #   kill_node I              SIGKILL to every process inside node I (a node that died)
 #   link_down I              takes node I's link to the switch down (a node cut off)
-#   cluster_mpirun ARGS...   mpirun on node1 with the nodes' host list machinery (see below)
+#   cluster_mpirun ARGS...   Open MPI's mpirun on node1 with the nodes' host list machinery
+#   cluster_hydra ARGS...    MPICH's mpiexec (Hydra; $CLUSTER_MPIEXEC, default mpiexec.mpich) the same way
 # Open MPI: mpirun runs on node1 (the head node) and starts its daemon on each other node through
 # $CLUSTER_DIR/rsh-agent (nsenter into the node instead of ssh); --mca btl tcp,self, so ranks of
 # different nodes talk over the bridge and none share memory; out-of-band and BTL traffic pinned to
-# the test subnet.
+# the test subnet. Hydra: mpiexec on node1 starts its proxy on each node through the same agent
+# (-launcher ssh -launcher-exec); -iface eth0 gives the proxies node1's address (the node names
+# resolve nowhere); MPICH tells ranks of different nodes apart by host name, so they talk over TCP.
 
 CLUSTER_SUBNET=10.254.20
 CLUSTER_DIR=""
@@ -84,11 +87,12 @@ cluster_up() {
     nsenter -t "$pid" --net --uts sh -c "hostname node$i && ip link set lo up &&
       ip addr add $CLUSTER_SUBNET.$i/24 dev eth0 && ip link set eth0 up" || return 1
   done
-  # The rsh agent Open MPI calls as `rsh-agent HOST COMMAND...` (the command is one shell line,
-  # as ssh would run it). It enters the node by its holder's pid; it never leaves this machine.
+  # The agent Open MPI (as rsh) and Hydra (as ssh) call as `rsh-agent [-x] HOST COMMAND...` (the
+  # command is one shell line, as ssh would run it). It enters the node by its holder's pid; it
+  # never leaves this machine.
   cat >"$CLUSTER_DIR/rsh-agent" <<AGENT
 #!/bin/sh
-# Open MPI's rsh agent for the simulated cluster: runs the command inside node HOST's namespaces.
+# The rsh/ssh agent of the simulated cluster: runs the command inside node HOST's namespaces.
 while [ \$# -gt 0 ] && [ "\${1#-}" != "\$1" ]; do shift; done  # ssh-style options: none apply
 host=\$1
 shift
@@ -149,6 +153,11 @@ cluster_mpirun() {
     --bind-to "${CLUSTER_BIND:-none}" --oversubscribe)
   [[ $(id -u) -eq 0 ]] && flags+=(--allow-run-as-root)
   on_node 1 mpirun "${flags[@]}" "$@"
+}
+
+cluster_hydra() {
+  on_node 1 "${CLUSTER_MPIEXEC:-mpiexec.mpich}" -launcher ssh -launcher-exec "$CLUSTER_DIR/rsh-agent" \
+    -iface eth0 "$@"
 }
 
 cluster_down() {

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# dptrain across the nodes of a simulated cluster (ctest label "cluster"): Open MPI over TCP between network namespaces.
+# dptrain across the nodes of a simulated cluster (ctest label "cluster"): Open MPI or MPICH over TCP between network namespaces.
 #
 # Usage: run_cluster_test.sh mpi       TEST_DIST_TRAIN_MPI DPTRAIN DPPREP
 #        run_cluster_test.sh emu-gpus  DPTRAIN_EMU DPPREP
 #        run_cluster_test.sh node-loss DPTRAIN DPPREP
 # Exit: 0 passed, 1 failed, 77 skipped (the reason is printed: not root, no namespaces here).
+# DP_CLUSTER_MPI=mpich (the MPICH build) launches with Hydra's mpiexec ($CLUSTER_MPIEXEC) instead
+# of Open MPI's mpirun; the mpi mode only (the others read Open MPI's messages or need tests/emu).
 #
 #   mpi        2 nodes x 2 ranks: test_dist_train_mpi (np=4 == np=1 with 4x the batch, same
 #              tolerances as on one node; a parameter out of sync is named), then dptrain with
@@ -41,6 +43,9 @@ check() {  # check COMMAND WHAT: runs COMMAND (a string for eval); fails with WH
   if eval "$1"; then echo "ok: $2"; else fail "$2"; fi
 }
 
+MPI=${DP_CLUSTER_MPI:-openmpi}
+[[ $MPI == openmpi || ($MPI == mpich && $mode == mpi) ]] ||
+  { echo "DP_CLUSTER_MPI=$MPI: only openmpi, or mpich with the mpi mode" >&2; exit 2; }
 case $mode in
   mpi) (($# == 3)) || { echo "usage: $0 mpi TEST_DIST_TRAIN_MPI DPTRAIN DPPREP" >&2; exit 2; } ;;
   emu-gpus | node-loss) (($# == 2)) || { echo "usage: $0 $mode DPTRAIN DPPREP" >&2; exit 2; } ;;
@@ -63,16 +68,25 @@ work=$CLUSTER_DIR/work
 mkdir -p "$work"
 log "2 nodes up: $(on_node 1 hostname) $CLUSTER_SUBNET.1, $(on_node 2 hostname) $CLUSTER_SUBNET.2 (bridge in its own namespace)"
 export OMP_NUM_THREADS=1
-HOSTS=(--host node1:2,node2:2)
+HOSTS=node1:2,node2:2
 
-# run_job SECONDS LOG ARGS...: mpirun ARGS on the cluster, its output in LOG; bounded by SECONDS
-# and by what is left of the budget. Returns mpirun's status (124: timed out).
+# run_job SECONDS LOG HOSTS CMD...: CMD as ranks on HOSTS ("node1:2,node2:2": slots per node, filled
+# in order) by the launcher of the build's MPI, its output in LOG; bounded by SECONDS and by what is
+# left of the budget. Returns the launcher's status (Open MPI: 124 when timed out). The exported
+# OMP_NUM_THREADS and DP_EMU_* reach every rank (Hydra passes the whole environment).
 run_job() {
-  local limit=$1 out=$2 left=$((BUDGET_S - (SECONDS - start_s)))
-  shift 2
+  local limit=$1 out=$2 hosts=$3 left=$((BUDGET_S - (SECONDS - start_s))) np=0 slot v pass=()
+  shift 3
   ((left > 0)) || fail "test budget of ${BUDGET_S} s spent"
   ((limit < left)) || limit=$left
-  cluster_mpirun --timeout "$limit" -x OMP_NUM_THREADS "$@" >"$out" 2>&1 </dev/null
+  IFS=, read -ra slot <<<"$hosts"
+  for v in "${slot[@]}"; do np=$((np + ${v#*:})); done
+  if [[ $MPI == mpich ]]; then
+    MPIEXEC_TIMEOUT=$limit cluster_hydra -hosts "$hosts" -n "$np" "$@" >"$out" 2>&1 </dev/null
+  else
+    for v in OMP_NUM_THREADS DP_EMU_DEVICES DP_EMU_GRID_LIMIT; do [[ -v $v ]] && pass+=(-x "$v"); done
+    cluster_mpirun --timeout "$limit" "${pass[@]}" --host "$hosts" -np "$np" "$@" >"$out" 2>&1 </dev/null
+  fi
 }
 show() {  # show LOG: the log without the configuration block
   grep -v '^\(\[rank [0-9]*\] \)\?  [a-z_0-9]* = ' "$1" | grep -v '^\(\[rank [0-9]*\] \)\?configuration ('
@@ -109,8 +123,8 @@ synth() {  # synth TRAIN VAL: a 32x32 dataset at $work/data.h5
 case $mode in
 mpi)
   test_dist=${bins[0]} dptrain=${bins[1]}
-  log "test_dist_train_mpi, 4 ranks on 2 nodes (btl tcp,self)"
-  run_job 90 "$work/gtest.log" -np 4 "${HOSTS[@]}" "$test_dist" --gtest_color=no
+  log "test_dist_train_mpi, 4 ranks on 2 nodes ($MPI over TCP)"
+  run_job 90 "$work/gtest.log" "$HOSTS" "$test_dist" --gtest_color=no
   rc=$?
   grep -E '^\[ *(PASSED|FAILED|SKIPPED) *\] [0-9]' "$work/gtest.log" | sort | uniq -c  # one per rank
   ((rc == 0)) || { tail -n 40 "$work/gtest.log"; fail "test_dist_train_mpi on 2 nodes x 2 ranks (exit $rc)"; }
@@ -122,14 +136,14 @@ mpi)
   synth 64 16
   common=(--data "$work/data.h5" --width-divisor 16 --epochs 2 --log-every 1000 --deterministic)
   log "dptrain, 4 ranks on 2 nodes, batch 2, --check-sync-every 1"
-  run_job 60 "$work/np4.log" -np 4 "${HOSTS[@]}" "$dptrain" "${common[@]}" --batch-size 2 \
+  run_job 60 "$work/np4.log" "$HOSTS" "$dptrain" "${common[@]}" --batch-size 2 \
     --model-dir "$work/np4" --log-all-ranks --check-sync-every 1 ||
     { show "$work/np4.log" | tail -n 30; fail "dptrain on 2 nodes x 2 ranks"; }
   grep -E "^\[rank [0-9]\] rank [0-9] of 4 on node" "$work/np4.log" | sort
   check 'placed "$work/np4.log"' "every rank logged its node and node-local rank (2 per node)"
   check '! grep -q "out of sync" "$work/np4.log"' "--check-sync-every 1 held for every step (exit 0)"
   log "dptrain, 1 rank on node1, batch 8"
-  run_job 60 "$work/np1.log" -np 1 --host node1:1 "$dptrain" "${common[@]}" --batch-size 8 \
+  run_job 60 "$work/np1.log" node1:1 "$dptrain" "${common[@]}" --batch-size 8 \
     --model-dir "$work/np1" || { show "$work/np1.log" | tail -n 30; fail "dptrain with 1 rank"; }
   echo "epoch train_loss valid_loss: 4 ranks on 2 nodes | 1 rank, 4x the batch"
   check 'same_losses "$work/np4.log" "$work/np1.log" 2' \
@@ -144,8 +158,8 @@ emu-gpus)
           --log-every 1000 --no-tf32 --log-all-ranks)
   for device in cuda cpu; do
     log "dptrain_emu --device $device, 4 ranks on 2 nodes, 2 emulated GPUs per node"
-    run_job 100 "$work/$device.log" -np 4 "${HOSTS[@]}" -x DP_EMU_DEVICES -x DP_EMU_GRID_LIMIT \
-      "$dptrain" --device "$device" --model-dir "$work/$device" "${common[@]}" ||
+    run_job 100 "$work/$device.log" "$HOSTS" "$dptrain" --device "$device" \
+      --model-dir "$work/$device" "${common[@]}" ||
       { show "$work/$device.log" | tail -n 30; fail "dptrain_emu --device $device"; }
   done
   grep -E "^\[rank [0-9]\] (rank [0-9] of 4 on node|device: GPU)" "$work/cuda.log" | sort
@@ -171,7 +185,7 @@ node-loss)
   for how in ranks link; do
     dir=$work/$how
     log "node loss ($how): 4 ranks on 2 nodes train until 2 epochs are checkpointed"
-    run_job 120 "$work/$how.log" -np 4 "${HOSTS[@]}" "${train[@]}" --model-dir "$dir" --epochs 1000 &
+    run_job 120 "$work/$how.log" "$HOSTS" "${train[@]}" --model-dir "$dir" --epochs 1000 &
     job=$!
     t=$SECONDS
     until [[ -e $dir/model_epoch_2.h5 ]]; do
@@ -211,7 +225,7 @@ node-loss)
     newest=$(find "$dir" -maxdepth 1 -name 'model_epoch_*.h5' | sed 's/.*model_epoch_\([0-9]*\)\.h5$/\1/' |
       grep -E '^[0-9]+$' | sort -n | tail -n 1)
     log "rerun on node1 alone (2 ranks, --resume auto); newest checkpoint: epoch $newest"
-    run_job 60 "$work/$how-resume.log" -np 2 --host node1:2 "${train[@]}" --model-dir "$dir" \
+    run_job 60 "$work/$how-resume.log" node1:2 "${train[@]}" --model-dir "$dir" \
       --epochs $((newest + 1)) --resume auto ||
       { show "$work/$how-resume.log" | tail -n 30; fail "the rerun on node1 failed"; }
     grep -E "^(resumed|epoch|done)" "$work/$how-resume.log"

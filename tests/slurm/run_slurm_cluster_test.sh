@@ -11,12 +11,13 @@
 #     NodeName, address, spool and pid file). Each slurmd (and so each job step) gets a private
 #     /tmp, as real nodes have: the nodes would otherwise share Slurm's PMIx folders there.
 #  2. `DEVICE=cpu sbatch --gres=none --nodes=2 --ntasks-per-node=1 train-multinode.sbatch` with
-#     LAUNCHER=srun (--mpi=pmix), EPOCHS=2: 2 ranks on 2 nodes. Once epoch 2 runs,
-#     `scancel --signal=USR1 --batch JOB`: dptrain writes model_epoch_1_step_<S>.h5 and exits 75,
-#     the script requeues the job; released, it resumes at that step on the 2 nodes and finishes.
-#     Then the same with LAUNCHER=mpirun and EPOCHS=3 (preempted in epoch 3).
-#  3. The same model dir with --nodes=1 (srun, 1 rank) and EPOCHS=4: resumed from epoch 3, epoch
-#     4 trained on one node.
+#     LAUNCHER=srun (--mpi=pmix; DP_SLURM_TEST_SRUN_MPI=pmi2 in the MPICH build), EPOCHS=2: 2
+#     ranks on 2 nodes. Once epoch 2 runs, `scancel --signal=USR1 --batch JOB`: dptrain writes
+#     model_epoch_1_step_<S>.h5 and exits 75, the script requeues the job; released, it resumes at
+#     that step on the 2 nodes and finishes. Then the same with LAUNCHER=mpirun and EPOCHS=3
+#     (preempted in epoch 3), where DP_SLURM_TEST_LAUNCHERS (default "srun mpirun") has it.
+#  3. The same model dir with --nodes=1 (srun, 1 rank) and one epoch more: resumed from the
+#     2-node runs' last epoch, the next one trained on one node.
 #  4. Every daemon and process of the nodes is ended and the folder removed (cluster_down), also
 #     on failure, INT or TERM; the test fails (does not hang) after BUDGET_S.
 # shellcheck disable=SC2317  # functions run from traps and from wait_for look unreachable
@@ -33,7 +34,7 @@ sbatch_script=$repo/jobscripts/slurm/train-multinode.sbatch
 # shellcheck source=tests/cluster/cluster.sh disable=SC1091
 source "$repo/tests/cluster/cluster.sh"
 
-TRAIN_SAMPLES=2000                       # 2 ranks x batch 2 -> 500 steps per epoch (a few s)
+TRAIN_SAMPLES=8000                       # 2 ranks x batch 2 -> 2000 steps per epoch (about 4 s on 2 cores)
 BUDGET_S=${DP_SLURM_TEST_BUDGET_S:-200}  # the test fails (not hangs) past this; ctest kills later
 start_s=$SECONDS
 
@@ -282,21 +283,26 @@ preempt_cycle() {
   log "PASS ($launcher): 2 nodes, preempted after step $step of epoch $e, requeued, resumed there, finished"
 }
 
-# 1. Two nodes, srun with PMIx, then mpirun (Open MPI starts its daemon on node2 with srun).
-preempt_cycle srun 2 --mpi=pmix
-preempt_cycle mpirun 3
+# 1. Two nodes, srun with PMIx (Open MPI) or PMI-2 (the MPICH build: DP_SLURM_TEST_SRUN_MPI=pmi2),
+# then mpirun where DP_SLURM_TEST_LAUNCHERS has it (Open MPI starts its daemon on node2 with srun).
+srun_mpi=--mpi=${DP_SLURM_TEST_SRUN_MPI:-pmix}
+e=1
+for launcher in ${DP_SLURM_TEST_LAUNCHERS:-srun mpirun}; do
+  e=$((e + 1))
+  if [[ $launcher == srun ]]; then preempt_cycle srun $e "$srun_mpi"; else preempt_cycle "$launcher" $e; fi
+done
 
 # 2. The same model dir on one node (1 rank, srun): a changed node count resumes.
-export EPOCHS=4 LAUNCHER=srun SRUN_ARGS=--mpi=pmix
+export EPOCHS=$((e + 1)) LAUNCHER=srun SRUN_ARGS=$srun_mpi
 submit --nodes=1 --ntasks-per-node=1
-log "job $job: 1 node x 1 rank (srun --mpi=pmix), EPOCHS=$EPOCHS"
+log "job $job: 1 node x 1 rank (srun $srun_mpi), EPOCHS=$EPOCHS"
 wait_for 60 "job $job to finish" finished
 state=$(job_field JobState) exit_code=$(job_field ExitCode)
 show_job
 [[ $state == COMPLETED && $exit_code == 0:0 ]] || fail "job ended $state with exit code $exit_code"
 log_has '1 ranks on 1 node\(s\)' || fail "the job did not run with 1 rank on 1 node"
-log_has 'resumed from epoch 3 \(.*model_epoch_3\.h5' || fail "no 'resumed from epoch 3' line"
-log_has 'epoch 4/4 ' || fail "epoch 4/4 not logged"
+log_has "resumed from epoch $e \\(.*model_epoch_$e\\.h5" || fail "no 'resumed from epoch $e' line"
+log_has "epoch $EPOCHS/$EPOCHS " || fail "epoch $EPOCHS/$EPOCHS not logged"
 rows=$(($(wc -l <"$MODEL_DIR/metrics.csv") - 1))
-[[ $rows == 4 ]] || fail "metrics.csv has $rows epoch rows, expected 4"
-log "PASS: resumed on 1 node from the 2-node runs' epoch 3, finished epoch 4"
+[[ $rows == "$EPOCHS" ]] || fail "metrics.csv has $rows epoch rows, expected $EPOCHS"
+log "PASS: resumed on 1 node from the 2-node runs' epoch $e, finished epoch $EPOCHS"

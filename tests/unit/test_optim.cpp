@@ -96,6 +96,15 @@ TEST(LrSchedule, CosineWithWarmupAndStepMatchTorch) {
   EXPECT_NEAR(scheduled_lr(s, 5), 0.05, 1e-12);
 }
 
+TEST(LrSchedule, PerStepWarmupRampsToOne) {
+  // LambdaLR(lambda s: min(1, (s + 1) / 4)): steps 1-4 at 1/4 .. 4/4 of the epoch's LR.
+  const double ramp[6] = {0.25, 0.5, 0.75, 1.0, 1.0, 1.0};
+  for (int s = 1; s <= 6; ++s) EXPECT_DOUBLE_EQ(warmup_factor(s, 4), ramp[s - 1]) << s;
+  EXPECT_DOUBLE_EQ(warmup_factor(1, 0), 1.0);  // no warm-up
+  EXPECT_DOUBLE_EQ(warmup_factor(1, 1), 1.0);
+  EXPECT_THROW(warmup_factor(0, 4), std::exception);  // steps are 1-based
+}
+
 TEST(LrSchedule, ScalingByWorldTimesAccumulation) {
   EXPECT_DOUBLE_EQ(lr_scale("none", 4, 2), 1.0);
   EXPECT_DOUBLE_EQ(lr_scale("linear", 3, 2), 6.0);
@@ -182,12 +191,17 @@ TEST(OptimCli, AdamWCosineWarmupClipResumeEqualsUninterrupted) {
 }
 
 TEST(OptimOptions, BadValuesAreUsageErrors) {
-  const std::vector<std::vector<const char*>> bad{
-      {"--optimizer", "adam"},    {"--lr-schedule", "linear"},
-      {"--warmup-epochs", "-1"},  {"--lr-scaling", "log"},
-      {"--clip-grad-norm", "-1"}, {"--adam-beta2", "1"},
-      {"--adam-eps", "0"},        {"--save-every", "0"},
-      {"--keep-last", "-1"},      {"--optimizer", "adamw", "--nesterov"}};
+  const std::vector<std::vector<const char*>> bad{{"--optimizer", "adam"},
+                                                  {"--lr-schedule", "linear"},
+                                                  {"--warmup-epochs", "-1"},
+                                                  {"--warmup-steps", "-1"},
+                                                  {"--lr-scaling", "log"},
+                                                  {"--clip-grad-norm", "-1"},
+                                                  {"--adam-beta2", "1"},
+                                                  {"--adam-eps", "0"},
+                                                  {"--save-every", "0"},
+                                                  {"--keep-last", "-1"},
+                                                  {"--optimizer", "adamw", "--nesterov"}};
   for (const auto& args : bad) {
     std::vector<const char*> argv{"dptrain"};
     argv.insert(argv.end(), args.begin(), args.end());

@@ -64,6 +64,13 @@ struct LrSchedule {
 };
 double scheduled_lr(const LrSchedule& s, int64_t epoch);
 
+// Per-step linear warm-up on top of the epoch schedule: the factor of optimiser step `step`
+// (1-based over the run) is step / warmup_steps until it reaches 1 (0 steps: always 1). Adam's
+// first updates move every weight by about the LR whatever its gradient's size, which can
+// switch off a network without batch norm before it has learnt anything; short runs have too
+// few steps for a whole warm-up epoch.
+double warmup_factor(int64_t step, int64_t warmup_steps);
+
 // --lr-scaling: the factor for --lr with `world` ranks and `accumulation` micro-batches per step
 // (the global batch grows by world x accumulation): none 1, linear n, sqrt sqrt(n).
 double lr_scale(const std::string& scaling, int world, int accumulation);
