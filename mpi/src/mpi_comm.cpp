@@ -37,6 +37,16 @@ void throw_mpi_error(int status, const char* call, const char* file, int line) {
 }
 
 Env::Env(int* argc, char*** argv) {
+  // A process started without a launcher (dppredict on a few photographs) is an Open MPI
+  // singleton. By default it forks a daemon of its own for MPI_Comm_spawn and probes UCX's
+  // devices for peers it will never have: 0.3 s of every such command (0.04 s without). The
+  // launchers' variables say only whether there is one (ranks come from MPI); the user's
+  // settings win, and other MPIs ignore these.
+  if (!std::getenv("OMPI_COMM_WORLD_SIZE") && !std::getenv("PMIX_RANK") &&
+      !std::getenv("PMI_RANK") && !std::getenv("PMI_SIZE")) {
+    setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
+    setenv("OMPI_MCA_pml", "ob1", 0);
+  }
   int provided = 0;
   // MPI_THREAD_MULTIPLE for the stall watchdog's thread (dp/stall_watchdog.hpp); the training
   // itself calls MPI from one thread, so FUNNELED is enough where MULTIPLE is not provided.
