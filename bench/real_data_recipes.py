@@ -13,11 +13,11 @@ scores of model_best.h5 at its default threshold (--threshold auto). Standard li
 datasets are fetched and built as docs/real-data.md says (never committed).
 
 A recipe is one of RECIPES (the runs of the earlier sections) or words joined by '-', each adding
-options: sqrt / none (--pos-weight), ema (--ema 0.99), cosine (--lr-schedule cosine), adamw
-(--optimizer adamw, with cosine unless const or drop follows), const (a constant LR), drop
-(x0.1 from epoch 11: --lr-schedule step --lr-step 10 --lr-gamma 0.1), lrN (--lr
-0.00N), warm (--warmup-epochs 1), wsN (--warmup-steps N), ods (--best-metric ods); e.g.
-sqrt-ema-adamw-lr2.
+options: sqrt / none (--pos-weight), ema (--ema 0.99), emaw (--ema 0.99 --ema-warmup), cosine
+(--lr-schedule cosine), adamw (--optimizer adamw, with cosine unless const or drop follows),
+const (a constant LR), drop (x0.1 from epoch 11: --lr-schedule step --lr-step 10 --lr-gamma 0.1),
+lrN (--lr 0.00N), warm (--warmup-epochs 1), wsN (--warmup-steps N), ods (--best-metric ods);
+e.g. sqrt-ema-adamw-lr2.
 """
 import argparse
 import csv
@@ -45,6 +45,7 @@ WORDS = {
     "sqrt": ["--pos-weight", "sqrt"],
     "none": ["--pos-weight", "none"],
     "ema": ["--ema", "0.99"],
+    "emaw": ["--ema", "0.99", "--ema-warmup"],
     "cosine": ["--lr-schedule", "cosine"],
     "warm": ["--warmup-epochs", "1"],
     "drop": ["--lr-schedule", "step", "--lr-step", "10", "--lr-gamma", "0.1"],

@@ -68,6 +68,7 @@ std::string TrainOptions::describe() const {
      << "patience = " << patience << "\n"
      << "min_delta = " << min_delta << "\n"
      << "ema = " << ema << "\n"
+     << "ema_warmup = " << ema_warmup << "\n"
      << "pos_weight = " << pos_weight << "\n"
      << "loss = " << loss << "\n"
      << "focal_alpha = " << focal_alpha << "\n"
@@ -296,7 +297,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "ema", po::value(&o.ema)->default_value(o.ema),
       "keep an exponential moving average of the weights and batch-norm buffers with this "
       "decay per optimiser step (e.g. 0.999; 0: off); it is validated, chooses model_best.h5 "
-      "and is what dppredict uses");
+      "and is what dppredict uses")(
+      "ema-warmup", po::bool_switch(&o.ema_warmup),
+      "--ema's decay at optimiser step s is min(decay, (1 + s) / (10 + s)): the average follows "
+      "the last ~s/9 steps early on (TensorFlow's num_updates), so it suits short runs");
   po::options_description output("Output");
   output.add_options()("val-every", po::value(&o.val_every)->default_value(o.val_every),
                        "validate every N epochs (and after the last)")(

@@ -58,6 +58,7 @@ struct TrainOptions {
   int patience = 0;      // stop after this many validations without a better best_metric (0: off)
   double min_delta = 0;  // an improvement of best_metric must exceed this (early stopping)
   double ema = 0;        // decay of the weights' moving average (0: off)
+  bool ema_warmup = false;             // the decay ramps up as (1 + step) / (10 + step)
   std::string pos_weight = "dataset";  // dataset | sqrt | a number > 0 | none (BCE crack pixels)
   std::string loss = "bce+dice";       // bce | dice | bce+dice | focal (docs/real-data.md)
   double focal_alpha = 0.25;           // weight of crack pixels in the focal loss (< 0: none)

@@ -254,7 +254,9 @@ void Trainer::set_up_model() {
                              " needs a height and width that are multiples of ", multiple));
   model_->setup(opt_.batch_size, height_, width_);
   optim_ = make_optimizer(opt_, model_->params(), *backend_);
-  if (opt_.ema > 0) average_ = std::make_unique<WeightAverage>(*model_, *backend_, float(opt_.ema));
+  if (opt_.ema > 0)
+    average_ =
+        std::make_unique<WeightAverage>(*model_, *backend_, float(opt_.ema), opt_.ema_warmup);
   diff_logits_ = Buffer(static_cast<size_t>(opt_.batch_size) * height_ * width_ * sizeof(float),
                         backend_->device_memory());
   dropout_seeds_.resize(size_t(opt_.batch_size));
@@ -456,7 +458,7 @@ Trainer::StepResult Trainer::train_step(const EpochContext& e, int64_t step, Epo
     if (opt_.clip_grad_norm > 0)  // the reduced, averaged gradients: identical on every rank
       scale_to_max_norm(*backend_, grads, grad_count, grad_norm, opt_.clip_grad_norm);
     optim_->update(float(step_lr(opt_, e.lr, run_step)), run_step);
-    if (average_) average_->update();
+    if (average_) average_->update(run_step);
   } else {  // no update; the step's loss and counts are dropped
     guard_.on_nonfinite(agreed, e.epoch, e.start.step + step + 1, run_step, grad_norm);
     sums = before;

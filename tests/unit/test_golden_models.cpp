@@ -173,7 +173,7 @@ TEST(GoldenModels, WeightAverageFollowsTimmsModelEmaOverThreeSteps) {
     be->bce_with_logits(count, logits, t.data(), 1.0f, 1.0f / float(count), diff.data());
     m->backward(diff.data());
     sgd.step(lr);
-    average.update();
+    average.update(k + 1);
   }
   // Three float32 steps against float64 ones (measured: 2.0e-6 max-relative).
   constexpr double kTol = 1e-5;

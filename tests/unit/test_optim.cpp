@@ -3,6 +3,7 @@
 // dptrain's --optimizer adamw resume ≡ an uninterrupted run, bit for bit.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "dp/checkpoint.hpp"
 #include "dp/error.hpp"
 #include "dp/model.hpp"
+#include "dp/weight_average.hpp"
 #include "test_util.hpp"
 #include "train/options.hpp"
 
@@ -103,6 +105,17 @@ TEST(LrSchedule, PerStepWarmupRampsToOne) {
   EXPECT_DOUBLE_EQ(warmup_factor(1, 0), 1.0);  // no warm-up
   EXPECT_DOUBLE_EQ(warmup_factor(1, 1), 1.0);
   EXPECT_THROW(warmup_factor(0, 4), std::exception);  // steps are 1-based
+}
+
+TEST(WeightAverage, WarmupDecayIsTensorFlowsNumUpdatesRamp) {
+  // tf.train.ExponentialMovingAverage(0.99, num_updates=s): min(0.99, (1 + s) / (10 + s)).
+  for (int64_t s : {1, 2, 10, 100, 890, 891, 5000}) {
+    const double ramp = std::min(0.99, double(1 + s) / double(10 + s));
+    EXPECT_NEAR(WeightAverage::decay_at(0.99f, true, s), ramp, 1e-7) << s;
+    EXPECT_FLOAT_EQ(WeightAverage::decay_at(0.99f, false, s), 0.99f) << s;
+  }
+  EXPECT_NEAR(WeightAverage::decay_at(0.99f, true, 1), 2.0 / 11.0, 1e-7);
+  EXPECT_THROW(WeightAverage::decay_at(0.99f, true, 0), std::exception);  // steps are 1-based
 }
 
 TEST(LrSchedule, ScalingByWorldTimesAccumulation) {
