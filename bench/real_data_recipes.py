@@ -31,6 +31,7 @@ BUILD = os.environ.get("DP_BIN", os.path.join(HERE, "..", "build", "default", "a
 FIXED = ["--width-divisor", "8", "--epochs", "15", "--batch-size", "4", "--threads", "1"]
 RECIPES = {
     "default": [],
+    "sgd": ["--optimizer", "sgd", "--lr-schedule", "step"],  # the default until 2026-12-03
     "old": ["--loss", "bce", "--pos-weight", "none"],
     "ema": ["--ema", "0.99"],
     "ema-ods": ["--ema", "0.99", "--best-metric", "ods"],
@@ -94,7 +95,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", required=True)
     ap.add_argument("--test", help="dataset whose val split is the held-out test split")
-    ap.add_argument("--recipe", required=True, type=lambda n: recipe_options(n) and n,
+    ap.add_argument("--recipe", required=True, type=lambda n: (recipe_options(n), n)[1],
                     help="a RECIPES name or composed words (see above)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[42, 7])
     ap.add_argument("--out", required=True)

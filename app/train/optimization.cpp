@@ -17,6 +17,10 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, ParamStore& par
       SgdOptions{float(o.lr), float(o.momentum), float(o.weight_decay), o.nesterov});
 }
 
+std::string auto_lr_schedule(int64_t train_images, int epochs) {
+  return train_images * int64_t(epochs) >= kCosineMinImages ? "cosine" : "constant";
+}
+
 double epoch_lr(const TrainOptions& o, int64_t epoch, int world) {
   LrSchedule s;
   s.kind = o.lr_schedule;

@@ -181,7 +181,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
                                                   "base learning rate (default: 0.05 with sgd, "
                                                   "0.001 with adamw, PyTorch's AdamW default)")(
       "optimizer", po::value(&o.optimizer)->default_value(o.optimizer),
-      "sgd or adamw (PyTorch semantics)")(
+      "adamw or sgd (PyTorch semantics; AdamW is the default since the recipe search on "
+      "DeepCrack and CrackForest, docs/real-data.md)")(
       "momentum", po::value(&o.momentum)->default_value(o.momentum), "SGD momentum")(
       "nesterov", po::bool_switch(&o.nesterov), "SGD with Nesterov momentum")(
       "weight-decay", po::value(&o.weight_decay)->default_value(o.weight_decay),
@@ -190,9 +191,12 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "adam-beta2", po::value(&o.adam_beta2)->default_value(o.adam_beta2), "AdamW beta2")(
       "adam-eps", po::value(&o.adam_eps)->default_value(o.adam_eps), "AdamW epsilon")(
       "lr-schedule", po::value(&o.lr_schedule)->default_value(o.lr_schedule),
-      "step (x --lr-gamma every --lr-step epochs) or cosine (to 0 at --epochs); per epoch")(
-      "warmup-epochs", po::value(&o.warmup_epochs)->default_value(o.warmup_epochs),
-      "linear warm-up: epoch e < W runs at lr x (e+1)/(W+1)")(
+      "per epoch: constant, step (x --lr-gamma every --lr-step epochs), cosine (to 0 at "
+      "--epochs), or auto: cosine where the run sees at least 2000 training images in all "
+      "(images x --epochs), else constant (a short run needs its few steps at the full rate; "
+      "docs/real-data.md)")("warmup-epochs",
+                            po::value(&o.warmup_epochs)->default_value(o.warmup_epochs),
+                            "linear warm-up: epoch e < W runs at lr x (e+1)/(W+1)")(
       "warmup-steps", po::value(&o.warmup_steps)->default_value(o.warmup_steps),
       "linear warm-up per optimiser step on top of the schedule: step s <= N (1-based over the "
       "run) runs at its epoch's lr x s/N")(
@@ -387,8 +391,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(o.adam_beta2 >= 0 && o.adam_beta2 < 1, "--adam-beta2 must be in [0, 1), got ",
           o.adam_beta2);
   require(o.adam_eps > 0, "--adam-eps must be positive, got ", o.adam_eps);
-  require(o.lr_schedule == "step" || o.lr_schedule == "cosine",
-          "--lr-schedule must be step or cosine, got '", o.lr_schedule, "'");
+  require(o.lr_schedule == "auto" || o.lr_schedule == "constant" || o.lr_schedule == "step" ||
+              o.lr_schedule == "cosine",
+          "--lr-schedule must be auto, constant, step or cosine, got '", o.lr_schedule, "'");
   require(o.warmup_epochs >= 0, "--warmup-epochs must be >= 0, got ", o.warmup_epochs);
   require(o.warmup_steps >= 0, "--warmup-steps must be >= 0, got ", o.warmup_steps);
   require(o.lr_scaling == "none" || o.lr_scaling == "linear" || o.lr_scaling == "sqrt",

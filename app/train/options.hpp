@@ -37,13 +37,13 @@ struct TrainOptions {
   // optimisation
   int epochs = 10;
   static constexpr double kSgdLr = 0.05, kAdamWLr = 1e-3;  // --lr's default per optimiser
-  double lr = kSgdLr;
-  std::string optimizer = "sgd";  // sgd | adamw
-  double momentum = 0.9;          // SGD
-  bool nesterov = false;          // SGD
-  double weight_decay = 1e-4;     // SGD: L2 added to the gradient; AdamW: decoupled
+  double lr = kAdamWLr;
+  std::string optimizer = "adamw";  // adamw | sgd
+  double momentum = 0.9;            // SGD
+  bool nesterov = false;            // SGD
+  double weight_decay = 1e-4;       // SGD: L2 added to the gradient; AdamW: decoupled
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
-  std::string lr_schedule = "step";  // step | cosine (per epoch)
+  std::string lr_schedule = "auto";  // auto | constant | step | cosine (per epoch)
   int warmup_epochs = 0;             // linear warm-up epochs
   int64_t warmup_steps = 0;          // linear warm-up per optimiser step, on top
   std::string lr_scaling = "none";   // none | linear | sqrt of world size x accumulation steps

@@ -218,6 +218,13 @@ void Trainer::set_up_model() {
               "' has no validation split; the training loss chooses the best epoch");
     opt_.best_metric = "valid_loss";
   }
+  if (opt_.lr_schedule == "auto") {
+    const int64_t images = train_loader_->dataset_size();
+    opt_.lr_schedule = auto_lr_schedule(images, opt_.epochs);
+    log_.info("LR schedule: ", opt_.lr_schedule, " (auto: ", images, " training images x ",
+              opt_.epochs, " epochs = ", images * opt_.epochs,
+              opt_.lr_schedule == "cosine" ? " >= " : " < ", kCosineMinImages, ")");
+  }
   height_ = train_loader_->height();
   width_ = train_loader_->width();
   if (val_loader_ && (val_loader_->height() != height_ || val_loader_->width() != width_))

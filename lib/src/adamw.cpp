@@ -53,7 +53,8 @@ double scheduled_lr(const LrSchedule& s, int64_t epoch) {
     const double span = double(std::max<int64_t>(s.epochs - s.warmup, 1));
     return s.base * 0.5 * (1.0 + std::cos(std::numbers::pi * double(epoch - s.warmup) / span));
   }
-  DP_CHECK(s.kind == "step", "unknown LR schedule '", s.kind, "' (step or cosine)");
+  if (s.kind == "constant") return s.base;
+  DP_CHECK(s.kind == "step", "unknown LR schedule '", s.kind, "' (constant, step or cosine)");
   return s.base * std::pow(s.gamma, double(epoch / s.step_size));
 }
 

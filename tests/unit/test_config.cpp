@@ -29,7 +29,9 @@ std::string usage_error(std::vector<const char*> args) {
 
 // Without --lr each optimiser starts from its own rate (AdamW at SGD's 0.05 diverges).
 TEST(Config, LearningRateDefaultsPerOptimizer) {
-  EXPECT_EQ(parse({})->lr, 0.05);
+  EXPECT_EQ(parse({})->optimizer, "adamw");
+  EXPECT_EQ(parse({})->lr, 1e-3);
+  EXPECT_EQ(parse({"--optimizer", "sgd"})->lr, 0.05);
   EXPECT_EQ(parse({"--optimizer", "adamw"})->lr, 1e-3);
   EXPECT_EQ(parse({"--optimizer", "adamw", "--lr", "0.01"})->lr, 0.01);
   EXPECT_EQ(parse({"--optimizer", "sgd", "--lr", "0.2"})->lr, 0.2);

@@ -77,9 +77,10 @@ class Faults : public ::testing::Test {
     data_ = dir_.file("tiny.h5");
     test::write_tiny_dataset(data_, 16, 4, 32);
   }
+  // SGD: the checks below read and write its one-tensor state (momentum) beside the weights.
   std::string args(const std::string& model_dir, int epochs) const {
     return std::string(DP_DPTRAIN) + " --data " + data_ +
-           " --width-divisor 16 --batch-size 2 --epochs " + std::to_string(epochs) +
+           " --width-divisor 16 --batch-size 2 --optimizer sgd --epochs " + std::to_string(epochs) +
            " --model-dir " + model_dir;
   }
   test::TempDir dir_;

@@ -197,14 +197,14 @@ TEST(MetricsCli, ValEveryBestMetricAndMetricsCsv) {
   const auto r =
       test::run_command(dptrain(2, common + " --epochs 3 --val-every 2 --best-metric dice"));
   EXPECT_EQ(r.status, 0) << r.output;
-  EXPECT_NE(r.output.find("epoch 1/3  lr 0.05  train_loss"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("epoch 1/3  lr 0.001  train_loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(not validated)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("dice "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("done: best epoch 2 (dice "), std::string::npos) << r.output;
   const auto l = lines(dir.file("run/metrics.csv"));
   ASSERT_EQ(l.size(), 4u) << r.output;
   EXPECT_EQ(l[0], app::MetricsCsv::kHeader);
-  EXPECT_EQ(l[1].find("1,0.05,"), 0u);
+  EXPECT_EQ(l[1].find("1,0.001,"), 0u) << l[1];
   EXPECT_NE(l[1].find(",,,,,"), std::string::npos) << l[1];  // epoch 1 not validated
   EXPECT_EQ(l[2].find(",,"), std::string::npos) << l[2];
   EXPECT_EQ(l[3].find(",,"), std::string::npos) << l[3];

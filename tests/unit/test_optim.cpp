@@ -198,7 +198,7 @@ TEST(OptimCli, AdamWCosineWarmupClipResumeEqualsUninterrupted) {
   // Resuming AdamW's checkpoint with SGD is a usage error naming the optimizer.
   const auto mix = test::run_command(
       dptrain(1, "--data " + dir.file("tiny.h5") + " --width-divisor 16 --batch-size 2 --epochs 4" +
-                     " --model-dir " + dir.file("resumed")));
+                     " --optimizer sgd --model-dir " + dir.file("resumed")));
   EXPECT_EQ(mix.status, 2) << mix.output;
   EXPECT_NE(mix.output.find("--optimizer sgd"), std::string::npos) << mix.output;
 }

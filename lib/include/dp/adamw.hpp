@@ -49,13 +49,14 @@ void scale_to_max_norm(Backend& backend, float* grads, int64_t count, double nor
 
 // LR of epoch `epoch` (0-based), constant within an epoch (the schedule advances per epoch, as
 // PyTorch schedulers stepped once an epoch):
+//   constant: base                                                         (ConstantLR, factor 1)
 //   step:   base * gamma^floor(epoch / step_size)                       (StepLR)
 //   cosine: base * (1 + cos(pi * (epoch - warmup) / (epochs - warmup))) / 2 (CosineAnnealingLR,
 //           eta_min 0, T_max the epochs after warm-up)
 // During the first `warmup` epochs the LR is base * (epoch + 1) / (warmup + 1) (LinearLR with
 // start_factor 1/(warmup+1), reaching base at epoch `warmup`).
 struct LrSchedule {
-  std::string kind = "step";  // step | cosine
+  std::string kind = "step";  // constant | step | cosine
   double base = 0.01;
   int64_t epochs = 1;
   int64_t warmup = 0;
