@@ -197,6 +197,10 @@ TEST(MetricsCli, ValEveryBestMetricAndMetricsCsv) {
   const auto r =
       test::run_command(dptrain(2, common + " --epochs 3 --val-every 2 --best-metric dice"));
   EXPECT_EQ(r.status, 0) << r.output;
+  // The defaults: AdamW at 0.001, and auto's constant rate for 8 images x 3 epochs.
+  EXPECT_NE(r.output.find("LR schedule: constant (auto: 8 training images x 3 epochs = 24 < 2000)"),
+            std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("epoch 1/3  lr 0.001  train_loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(not validated)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("dice "), std::string::npos) << r.output;

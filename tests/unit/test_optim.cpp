@@ -14,6 +14,7 @@
 #include "dp/model.hpp"
 #include "dp/weight_average.hpp"
 #include "test_util.hpp"
+#include "train/optimization.hpp"
 #include "train/options.hpp"
 
 namespace dp {
@@ -116,6 +117,18 @@ TEST(WeightAverage, WarmupDecayIsTensorFlowsNumUpdatesRamp) {
   }
   EXPECT_NEAR(WeightAverage::decay_at(0.99f, true, 1), 2.0 / 11.0, 1e-7);
   EXPECT_THROW(WeightAverage::decay_at(0.99f, true, 0), std::exception);  // steps are 1-based
+}
+
+TEST(LrSchedule, AutoIsCosineFromTwoThousandImagesPerRun) {
+  EXPECT_EQ(app::auto_lr_schedule(240, 15), "cosine");   // DeepCrack's carved split
+  EXPECT_EQ(app::auto_lr_schedule(72, 15), "constant");  // CrackForest
+  EXPECT_EQ(app::auto_lr_schedule(2000, 1), "cosine");   // the bound belongs to cosine
+  EXPECT_EQ(app::auto_lr_schedule(1999, 1), "constant");
+  LrSchedule c;
+  c.kind = "constant";
+  c.base = 0.1;
+  c.epochs = 10;
+  for (int e = 0; e < 10; ++e) EXPECT_DOUBLE_EQ(scheduled_lr(c, e), 0.1) << e;
 }
 
 TEST(LrSchedule, ScalingByWorldTimesAccumulation) {
