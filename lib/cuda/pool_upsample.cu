@@ -157,7 +157,8 @@ __device__ __forceinline__ float gather_weight(int o, int i, int in) {
 // for 4 outputs). With clamped neighbours jm = max(j - 1, 0), jp = min(j + 1, h - 1), the taps
 // of output rows 2j and 2j + 1 read rows (jm, j) and (j, jp) exactly (upsample_tap: the border
 // taps read one row twice, the second time with weight 0); columns likewise. Each output is the
-// CPU backend's expression ty.w0 (tx.w0 a + tx.w1 b) + ty.w1 (tx.w0 d + tx.w1 e).
+// CPU backend's expression, the rows blended first: tx.w0 (ty.w0 a + ty.w1 d) + tx.w1 (ty.w0 b +
+// ty.w1 e).
 // S a 4-channel vector: c counts groups of 4 channels.
 template <typename I, typename S>
 __global__ void upsample_forward_kernel(I src_pixels, int c, int h, int w, const S* src, S* dst) {
@@ -179,15 +180,16 @@ __global__ void upsample_forward_kernel(I src_pixels, int c, int h, int w, const
     const T s20 = at(jp, im), s21 = at(jp, i), s22 = at(jp, ip);
     const int64_t ow = 2 * int64_t{w};
     S* out = dst + ((static_cast<int64_t>(n) * 2 * h + 2 * j) * ow + 2 * i) * c + k;
-    out[0] = store_as<S>(ty0.w0 * (tx0.w0 * s00 + tx0.w1 * s01) +
-                         ty0.w1 * (tx0.w0 * s10 + tx0.w1 * s11));
-    out[c] = store_as<S>(ty0.w0 * (tx1.w0 * s01 + tx1.w1 * s02) +
-                         ty0.w1 * (tx1.w0 * s11 + tx1.w1 * s12));
+    // Rows 2j and 2j + 1 blended column by column (im, i, ip), then across the columns.
+    const T a0 = ty0.w0 * s00 + ty0.w1 * s10, a1 = ty0.w0 * s01 + ty0.w1 * s11,
+            a2 = ty0.w0 * s02 + ty0.w1 * s12;
+    const T b0 = ty1.w0 * s10 + ty1.w1 * s20, b1 = ty1.w0 * s11 + ty1.w1 * s21,
+            b2 = ty1.w0 * s12 + ty1.w1 * s22;
+    out[0] = store_as<S>(tx0.w0 * a0 + tx0.w1 * a1);
+    out[c] = store_as<S>(tx1.w0 * a1 + tx1.w1 * a2);
     out += ow * c;
-    out[0] = store_as<S>(ty1.w0 * (tx0.w0 * s10 + tx0.w1 * s11) +
-                         ty1.w1 * (tx0.w0 * s20 + tx0.w1 * s21));
-    out[c] = store_as<S>(ty1.w0 * (tx1.w0 * s11 + tx1.w1 * s12) +
-                         ty1.w1 * (tx1.w0 * s21 + tx1.w1 * s22));
+    out[0] = store_as<S>(tx0.w0 * b0 + tx0.w1 * b1);
+    out[c] = store_as<S>(tx1.w0 * b1 + tx1.w1 * b2);
   }
 }
 
