@@ -50,6 +50,16 @@ void maxpool2x2_forward(const Dims& s, const T* src, T* dst, uint8_t* argmax) {
       const T* p10 = p00 + int64_t{s.w} * c;
       const T* p11 = p10 + c;
       T* o = dst + ((n * oh + y) * ow + x) * c;
+      if (argmax == nullptr) {  // inference: the same maximum, no index (a vector max)
+        for (int k = 0; k < c; ++k) {
+          float best = to_float(p00[k]);
+          best = to_float(p01[k]) > best ? to_float(p01[k]) : best;
+          best = to_float(p10[k]) > best ? to_float(p10[k]) : best;
+          best = to_float(p11[k]) > best ? to_float(p11[k]) : best;
+          o[k] = from_float<T>(best);
+        }
+        continue;
+      }
       uint8_t* a = argmax + ((n * oh + y) * ow + x) * c;
       for (int k = 0; k < c; ++k) {
         // First maximum in scan order wins, as in PyTorch. (The maximum is one of the inputs, so

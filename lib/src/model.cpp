@@ -214,7 +214,8 @@ void Model::setup(int max_batch, int height, int width, Purpose purpose) {
     logits_ = Buffer(static_cast<size_t>(dims(output_, max_batch).numel()) * sizeof(float), mem);
   for (Op& op : ops_) {
     const int c = channels(op.out);
-    if (op.kind == OpKind::kMaxPool)
+    op.saved = Buffer();
+    if (op.kind == OpKind::kMaxPool && purpose == Purpose::kTraining)  // the backward's argmax
       op.saved = Buffer(static_cast<size_t>(dims(op.out, max_batch).numel()), mem);
     if (op.kind == OpKind::kBatchNorm) op.saved = Buffer(2 * size_t(c) * sizeof(float), mem);
     if (op.kind == OpKind::kDropout) op.saved = Buffer(size_t(max_batch) * c * sizeof(float), mem);

@@ -414,6 +414,9 @@ TYPED_TEST(EmulatedKernels, DropoutPoolUpsampleConcat) {
       cpu.maxpool2x2_forward(d, xq.data(), wout.data(), wargmax.data());
       expect_stored<S>("maxpool forward " + at, out.values(), wout);
       EXPECT_TRUE(std::equal(wargmax.begin(), wargmax.end(), am)) << "maxpool argmax " << at;
+      Tensor<S> no_index(Vec(n(pooled), kUnwritten), cs.offset);  // inference: no argmax
+      k::maxpool2x2_forward(kStream, d, tx.data(), no_index.data(), nullptr);
+      expect_stored<S>("maxpool forward without argmax " + at, no_index.values(), wout);
       for (const bool acc : {false, true}) {
         Tensor<S> dx(acc ? prior : unwritten, cs.offset);
         k::maxpool2x2_backward(kStream, d, am, tdy.data(), dx.data(), acc);

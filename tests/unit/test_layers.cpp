@@ -2,7 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
@@ -176,6 +178,15 @@ TEST_F(LayersTest, MaxPoolForwardBackward) {
               m = std::max(m, x[size_t(((n * s.h + 2 * yy + dy) * s.w + 2 * xx + dx) * s.c + c)]);
           ASSERT_EQ(y[size_t(((n * o.h + yy) * o.w + xx) * s.c + c)], m);
         }
+  // Without an argmax (inference) the same maxima, bitwise; ties and a NaN included.
+  Vec xt = x;
+  xt[size_t(s.w * s.c) + 1] = xt[1];  // a tie in the first window, channel 1
+  xt[size_t(s.c)] = std::numeric_limits<float>::quiet_NaN();  // a NaN in it, channel 0
+  Vec with_arg(y.size()), without(y.size());
+  be->maxpool2x2_forward(s, xt.data(), with_arg.data(), arg.data());
+  be->maxpool2x2_forward(s, xt.data(), without.data(), nullptr);
+  ASSERT_EQ(0, std::memcmp(with_arg.data(), without.data(), y.size() * sizeof(float)));
+  be->maxpool2x2_forward(s, x.data(), y.data(), arg.data());
   const Vec r = random_vec(o.numel(), 8);
   Vec gx(x.size(), 0.0f);
   be->maxpool2x2_backward(s, arg.data(), r.data(), gx.data(), false);

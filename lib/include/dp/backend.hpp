@@ -148,7 +148,8 @@ class Backend {
   virtual void relu_backward(int64_t count, const void* dst, const void* diff_dst,
                              void* diff_src) = 0;
 
-  // 2x2 max-pool, stride 2 (src h and w even). argmax: one byte per dst element (0..3).
+  // 2x2 max-pool, stride 2 (src h and w even). argmax: one byte per dst element (0..3), or
+  // nullptr where no backward pass follows (inference).
   virtual void maxpool2x2_forward(const Dims& src_dims, const void* src, void* dst,
                                   uint8_t* argmax) = 0;
   virtual void maxpool2x2_backward(const Dims& src_dims, const uint8_t* argmax,
