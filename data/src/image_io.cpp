@@ -477,10 +477,8 @@ std::vector<uint8_t> png_bytes(const std::string& path, const void* pixels, int 
   static constexpr png_uint_32 kFormats[] = {PNG_FORMAT_GRAY, PNG_FORMAT_GA, PNG_FORMAT_RGB,
                                              PNG_FORMAT_RGBA};
   png->format = kFormats[channels - 1] | (sixteen_bit ? PNG_FORMAT_FLAG_LINEAR : 0u);
-  png_alloc_size_t size = 0;
-  if (!png_image_write_to_memory(png.get(), nullptr, &size, 0, pixels, 0, nullptr)) {
-    fail("encoding PNG '", path, "': libpng: ", png->message);
-  }
+  // Encoded once into libpng's bound on the size (asking for the size first would compress twice).
+  png_alloc_size_t size = PNG_IMAGE_PNG_SIZE_MAX(*png.get());
   std::vector<uint8_t> bytes(size);
   if (!png_image_write_to_memory(png.get(), bytes.data(), &size, 0, pixels, 0, nullptr)) {
     fail("encoding PNG '", path, "': libpng: ", png->message);
