@@ -179,9 +179,11 @@ void TiledRunner::submit(size_t id, data::Image image, Done done) {
   for (const int y0 : ys) {
     for (const int x0 : xs) {
       for (int tx = 0; tx < tile_width_; ++tx) columns[size_t(tx)] = reflect_index(x0 + tx, w);
-      float* dst = input_.f32() + slots_.size() * tile_floats;
+      float* const tile = input_.f32() + slots_.size() * tile_floats;
+#pragma omp parallel for schedule(static)
       for (int ty = 0; ty < tile_height_; ++ty) {
         const uint8_t* row = src + size_t(reflect_index(y0 + ty, h)) * size_t(w) * kChannels;
+        float* dst = tile + size_t(ty) * size_t(tile_width_) * kChannels;
         for (int tx = 0; tx < tile_width_; ++tx, dst += kChannels) {
           const uint8_t* px = row + size_t(columns[size_t(tx)]) * kChannels;
           for (int c = 0; c < kChannels; ++c) dst[c] = lut_[size_t(c)][px[c]];
@@ -213,6 +215,9 @@ void TiledRunner::run_batch() {
     Job& job = *batch[k].job;
     const int h = job.image.height, w = job.image.width;
     if (augmented && job.uncertainty.empty()) job.uncertainty.assign(job.acc.size(), 0.0f);
+      // A tile's rows are distinct image rows, and tiles are added in order: every pixel's sum is
+      // the same, in the same order, on any number of threads.
+#pragma omp parallel for schedule(static)
     for (int ty = 0; ty < tile_height_; ++ty) {
       const int y = batch[k].y0 + ty;
       if (y < 0 || y >= h) continue;  // reflect padding: computed, not kept
@@ -236,8 +241,13 @@ void TiledRunner::run_batch() {
     }
     if (--job.remaining > 0) continue;
     // Normalised by the summed weight (every pixel has weight > 0), not by the maximum.
-    for (size_t i = 0; i < job.acc.size(); ++i) job.acc[i] /= job.weight[i];
-    for (size_t i = 0; i < job.uncertainty.size(); ++i) job.uncertainty[i] /= job.weight[i];
+    const auto pixels = int64_t(job.acc.size());
+    const bool deviation = !job.uncertainty.empty();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < pixels; ++i) {
+      job.acc[size_t(i)] /= job.weight[size_t(i)];
+      if (deviation) job.uncertainty[size_t(i)] /= job.weight[size_t(i)];
+    }
     job.weight = {};
     job.done(job.id, job.image, job.acc, job.uncertainty);
   }
