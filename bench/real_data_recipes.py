@@ -16,7 +16,8 @@ A recipe is one of RECIPES (the runs of the earlier sections) or words joined by
 options: sqrt / none (--pos-weight), ema (--ema 0.99), emaw (--ema 0.99 --ema-warmup), cosine
 (--lr-schedule cosine), adamw (--optimizer adamw, with cosine unless const or drop follows),
 const (a constant LR), drop (x0.1 from epoch 11: --lr-schedule step --lr-step 10 --lr-gamma 0.1),
-lrN (--lr 0.00N), warm (--warmup-epochs 1), wsN (--warmup-steps N), ods (--best-metric ods);
+lrN (--lr 0.00N), warm (--warmup-epochs 1), wsN (--warmup-steps N), ods (--best-metric ods),
+det (--deterministic: direct convolution kernels, so that a seed is one run);
 e.g. sqrt-ema-adamw-lr2.
 """
 import argparse
@@ -51,6 +52,7 @@ WORDS = {
     "warm": ["--warmup-epochs", "1"],
     "drop": ["--lr-schedule", "step", "--lr-step", "10", "--lr-gamma", "0.1"],
     "ods": ["--best-metric", "ods"],
+    "det": ["--deterministic"],
 }
 
 
