@@ -214,9 +214,9 @@ void TiledRunner::run_batch() {
   for (size_t k = 0; k < batch.size(); ++k) {
     Job& job = *batch[k].job;
     const int h = job.image.height, w = job.image.width;
+    // The tile's rows go to the threads: they are distinct image rows, and tiles are added in
+    // order, so every pixel's sum is the same, in the same order, on any number of threads.
     if (augmented && job.uncertainty.empty()) job.uncertainty.assign(job.acc.size(), 0.0f);
-      // A tile's rows are distinct image rows, and tiles are added in order: every pixel's sum is
-      // the same, in the same order, on any number of threads.
 #pragma omp parallel for schedule(static)
     for (int ty = 0; ty < tile_height_; ++ty) {
       const int y = batch[k].y0 + ty;
