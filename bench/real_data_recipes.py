@@ -17,7 +17,8 @@ options: sqrt / none (--pos-weight), ema (--ema 0.99), emaw (--ema 0.99 --ema-wa
 (--lr-schedule cosine), adamw (--optimizer adamw, with cosine unless const or drop follows),
 const (a constant LR), drop (x0.1 from epoch 11: --lr-schedule step --lr-step 10 --lr-gamma 0.1),
 lrN (--lr 0.00N), warm (--warmup-epochs 1), wsN (--warmup-steps N), ods (--best-metric ods),
-det (--deterministic: direct convolution kernels, so that a seed is one run);
+det (--deterministic: direct convolution kernels, so that a seed is one run), sgd (the default
+until 2026-12-03: --optimizer sgd --lr-schedule step);
 e.g. sqrt-ema-adamw-lr2.
 """
 import argparse
@@ -53,6 +54,7 @@ WORDS = {
     "drop": ["--lr-schedule", "step", "--lr-step", "10", "--lr-gamma", "0.1"],
     "ods": ["--best-metric", "ods"],
     "det": ["--deterministic"],
+    "sgd": ["--optimizer", "sgd", "--lr-schedule", "step"],
 }
 
 
