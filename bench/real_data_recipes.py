@@ -16,7 +16,7 @@ A recipe is one of RECIPES (the runs of the earlier sections) or words joined by
 options: sqrt / none (--pos-weight), ema (--ema 0.99), emaw (--ema 0.99 --ema-warmup), cosine
 (--lr-schedule cosine), adamw (--optimizer adamw, with cosine unless const or drop follows),
 const (a constant LR), drop (x0.1 from epoch 11: --lr-schedule step --lr-step 10 --lr-gamma 0.1),
-lrN (--lr 0.00N), warm (--warmup-epochs 1), wsN (--warmup-steps N), ods (--best-metric ods),
+lrN (--lr 0.00N), clipN (--clip-grad-norm N), warm (--warmup-epochs 1), wsN (--warmup-steps N), ods (--best-metric ods),
 det (--deterministic: direct convolution kernels, so that a seed is one run), sgd (the default
 until 2026-12-03: --optimizer sgd --lr-schedule step);
 e.g. sqrt-ema-adamw-lr2.
@@ -33,7 +33,6 @@ BUILD = os.environ.get("DP_BIN", os.path.join(HERE, "..", "build", "default", "a
 FIXED = ["--width-divisor", "8", "--epochs", "15", "--batch-size", "4", "--threads", "1"]
 RECIPES = {
     "default": [],
-    "sgd": ["--optimizer", "sgd", "--lr-schedule", "step"],  # the default until 2026-12-03
     "old": ["--loss", "bce", "--pos-weight", "none"],
     "ema": ["--ema", "0.99"],
     "ema-ods": ["--ema", "0.99", "--best-metric", "ods"],
@@ -73,6 +72,8 @@ def recipe_options(name):
                 options += WORDS["cosine"]
         elif w.startswith("ws") and w[2:].isdigit():
             options += ["--warmup-steps", w[2:]]
+        elif w.startswith("clip") and w[4:].isdigit():
+            options += ["--clip-grad-norm", w[4:]]
         elif w.startswith("lr") and w[2:].isdigit():
             options += ["--lr", f"0.00{w[2:]}"]
         elif w != "const":
