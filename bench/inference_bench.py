@@ -474,7 +474,7 @@ def main():
                     help="cap every engine's oneDNN (and ATen) ISA, as compare_pytorch.py")
     ap.add_argument("--tile", help="dppredict --tile HxW (default: the training size)")
     ap.add_argument("--overlap", type=int, help="dppredict --overlap (default: a quarter)")
-    ap.add_argument("--cpu-conv", help="dppredict --cpu-conv (default: its own, direct; auto "
+    ap.add_argument("--cpu-conv", help="dppredict --cpu-conv (default: its own, shape; auto "
                     "times the candidate kernels at first use in every command)")
     ap.add_argument("--threshold", type=float, default=0.5, help="mask threshold, every engine")
     ap.add_argument("--raw-weights", action="store_true", help="as dppredict --raw-weights")
@@ -596,7 +596,7 @@ def report(args, rows, agreement, versions, notes, model, flags, sizes, s):
     print(f"CPU: {model}, {os.cpu_count()} logical CPUs; AVX-512 {has('avx512f')}, "
           f"AVX512-BF16 {has('avx512_bf16')}, AMX {has('amx_bf16')}")
     line = (f"oneDNN ISA (--isa {args.isa}): dppredict {s['isa']} "
-            f"(--cpu-conv {args.cpu_conv or 'direct, its default'})")
+            f"(--cpu-conv {args.cpu_conv or 'shape, its default'})")
     if versions:
         line += (f"; PyTorch {versions['onednn']}, ATen {versions['aten_cpu_capability']}; "
                  f"ONNX Runtime: MLAS (not capped by --isa)")

@@ -103,12 +103,13 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
                             "tiles per forward pass (fewer where they would hold more than a "
                             "megapixel: a large tile runs alone)")(
       "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
-      "3x3 convolutions: direct (the default: bitwise reproducible, and faster than auto for a "
-      "command's photographs, measured in bench/README.md), auto (whichever is faster when timed "
-      "at first use: direct, Winograd or direct on oneDNN's blocked layout, or GEMMs: shifted or "
-      "Winograd; the timing costs more than it saves unless a command predicts many "
-      "photographs), winograd (AVX-512 CPUs only; elsewhere an error), blocked, gemm or "
-      "gemm-winograd")(
+      "3x3 convolutions: shape (the default: Winograd for the layers whose channels pay for it, "
+      "cin*cout/(cin+cout) >= 32, direct for the others; chosen by shape, so every run on this "
+      "CPU uses the same kernels), direct (oneDNN's direct kernels only), auto (whichever is "
+      "faster when timed at first use: direct, Winograd or direct on oneDNN's blocked layout, or "
+      "GEMMs: shifted or Winograd; the timing costs more than it saves unless a command predicts "
+      "many photographs), winograd (AVX-512 CPUs only; elsewhere an error), blocked, gemm or "
+      "gemm-winograd; bench/README.md has the measurements")(
       "device", po::value(&o.device)->default_value(o.device),
       "auto (a GPU where every rank sees one, else the CPU), cpu or cuda (GPU = node-local rank "
       "modulo the visible GPUs; ranks may share one)")(

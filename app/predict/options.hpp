@@ -30,11 +30,11 @@ struct PredictOptions {
   int overlap = -1;                     // pixels; -1: a quarter of the smaller tile side
   int margin = 0;                       // pixels of reflected context around every image
   int batch_size = 4;                   // tiles per forward pass
-  std::string cpu_conv = "direct";  // 3x3 convolution kernels (dptrain's --cpu-conv; bench/README)
-  std::string precision = "fp32";   // fp32 | bf16 (activations; dptrain's --precision)
-  std::string device = "auto";      // auto (the GPU where every rank sees one) | cpu | cuda
-  bool quiet = false;               // no progress bar or lines
-  bool raw_weights = false;         // the raw weights where the checkpoint also has averaged ones
+  std::string cpu_conv = "shape";  // 3x3 convolution kernels (dptrain's --cpu-conv; bench/README)
+  std::string precision = "fp32";  // fp32 | bf16 (activations; dptrain's --precision)
+  std::string device = "auto";     // auto (the GPU where every rank sees one) | cpu | cuda
+  bool quiet = false;              // no progress bar or lines
+  bool raw_weights = false;        // the raw weights where the checkpoint also has averaged ones
   // Crack measurements (predict/measurements.hpp): OUT/measurements.csv and OUT/summary.csv.
   bool measure = false;
   bool measure_only = false;  // the inputs are masks (> 127: crack): measured, no checkpoint

@@ -18,7 +18,7 @@ struct PredictorOptions {
   int overlap = -1;                     // pixels shared by neighbouring tiles; -1: tile / 4
   int margin = 0;                       // pixels of reflected context around every image
   int batch = 4;                        // tiles per forward pass
-  CpuConvAlgo conv_algo = CpuConvAlgo::kDirect;  // 3x3 convolution kernels (dppredict: auto)
+  CpuConvAlgo conv_algo = CpuConvAlgo::kDirect;  // 3x3 convolution kernels (dppredict: kShape)
   Precision precision = Precision::kFloat32;     // bf16: bf16 activations and convolutions
   Device* device = nullptr;  // the CUDA backend on its GPU (TF32 allowed); null: the CPU
   bool raw_weights = false;  // the raw weights even where the checkpoint has averaged ones (--ema)

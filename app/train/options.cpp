@@ -246,8 +246,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "CPU fp32 3x3 stride-1 convolutions: auto (per pass, whichever is faster when timed at "
       "first use: direct on NHWC, Winograd where oneDNN has it, else direct on oneDNN's blocked "
       "layout, or the backend's own GEMMs: nine shifted ones, or Winograd F(2x2, 3x3) on 16), "
-      "direct, winograd (oneDNN 2.x has it on AVX-512 only; elsewhere an error), blocked, gemm "
-      "or gemm-winograd; --deterministic implies direct")(
+      "direct, shape (no timing: Winograd for the forward passes whose channels pay for it, "
+      "direct elsewhere; dppredict's default), winograd (oneDNN 2.x has it on AVX-512 only; "
+      "elsewhere an error), blocked, gemm or gemm-winograd; --deterministic implies direct")(
       "no-tf32", po::bool_switch(),
       "GPU: fp32 convolutions without TF32 tensor cores (slower, closer to the CPU)")(
       "threads", po::value(&o.threads)->default_value(o.threads),
@@ -467,8 +468,10 @@ CpuConvAlgo parse_cpu_conv(const std::string& value) {
   if (value == "blocked") return CpuConvAlgo::kBlocked;
   if (value == "gemm") return CpuConvAlgo::kGemm;
   if (value == "gemm-winograd") return CpuConvAlgo::kGemmWinograd;
+  if (value == "shape") return CpuConvAlgo::kShape;
   throw UsageError(
-      str_cat("--cpu-conv must be auto, direct, winograd, blocked, gemm or gemm-winograd, got '",
+      str_cat("--cpu-conv must be auto, direct, shape, winograd, blocked, gemm or gemm-winograd, "
+              "got '",
               value, "'"));
 }
 

@@ -71,7 +71,7 @@ struct TrainOptions {
   bool deterministic = false;      // no OpenMP dynamic thread adjustment; deterministic cuDNN
   bool tf32 = true;                // GPU: TF32 tensor cores for fp32 convolutions
   std::string precision = "fp32";  // fp32 | bf16 (convolutions)
-  std::string cpu_conv = "auto";   // auto|direct|winograd|blocked|gemm|gemm-winograd
+  std::string cpu_conv = "auto";   // auto|direct|shape|winograd|blocked|gemm|gemm-winograd
   // distribution
   double bucket_mb = 25.0;         // gradient all-reduce bucket size, MiB (first bucket: 1 MiB)
   bool overlap = true;             // all-reduce buckets during backward (--no-overlap: after it)
@@ -109,8 +109,8 @@ struct TrainOptions {
 // Parses argv. Returns nullopt after printing --help. Throws UsageError on any bad value.
 std::optional<TrainOptions> parse_train_options(int argc, const char* const* argv, bool print_help);
 
-// --cpu-conv's value (auto, direct, winograd, blocked, gemm or gemm-winograd) as a CpuConvAlgo;
-// UsageError for anything else.
+// --cpu-conv's value (auto, direct, shape, winograd, blocked, gemm or gemm-winograd) as a
+// CpuConvAlgo; UsageError for anything else.
 CpuConvAlgo parse_cpu_conv(const std::string& value);
 // --precision fp32|bf16 (dptrain, dppredict); anything else is a UsageError.
 Precision parse_precision(const std::string& value);

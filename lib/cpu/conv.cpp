@@ -213,6 +213,11 @@ std::unique_ptr<BlockedPrims> build_blocked(const dnnl::engine& eng, const ConvD
 constexpr double kTimedPassMinFlops = 0.2e9;
 constexpr size_t kWinogradMaxScratchpad = size_t{96} << 20;
 
+// Under CpuConvAlgo::kShape a forward pass runs Winograd where cin*cout/(cin+cout) reaches this:
+// its arithmetic shrinks with cin*cout, its transforms and layout copies grow with cin+cout
+// (measured per layer on UNet16 at full width: bench/README.md).
+constexpr double kShapeWinogradMinChannels = 32;
+
 // Runs `pass(a)` for each candidate kernel once to warm up, then once each timed (their
 // conversions included), and returns the fastest. (Where two are close the choice matters little;
 // where it matters Winograd is up to 2.5x faster than direct NHWC, and the GEMMs up to 2x in
@@ -438,6 +443,20 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
       return false;
     }
   };
+  if (algo == CpuConvAlgo::kShape) {
+    if (double(d.cin) * d.cout / (d.cin + d.cout) < kShapeWinogradMinChannels) return p;
+    if (build_variant(CpuConvAlgo::kWinograd) &&
+        p->blocked->pad_bytes[BlockedPrims::kFwd] <= kWinogradMaxScratchpad) {
+      p->algo[BlockedPrims::kFwd] = PassAlgo::kBlocked;
+      return p;
+    }
+    p->blocked.reset();
+    if (GemmConv::fits(d)) {
+      p->gemm = std::make_unique<GemmConv>(d);
+      p->algo[BlockedPrims::kFwd] = PassAlgo::kGemmWinograd;
+    }
+    return p;
+  }
   if (algo != CpuConvAlgo::kAuto) {
     if (build_variant(algo))
       for (PassAlgo& a : p->algo) a = PassAlgo::kBlocked;

@@ -150,8 +150,8 @@ TEST_F(Cli, CpuConvAlgorithmOption) {
   const auto b = test::run_command(dptrain(2, common() + " --cpu-conv fast"));
   EXPECT_EQ(b.status, 2) << b.output;
   EXPECT_EQ(count(b.output,
-                  "dptrain: error: --cpu-conv must be auto, direct, winograd, blocked, gemm or "
-                  "gemm-winograd, got 'fast'"),
+                  "dptrain: error: --cpu-conv must be auto, direct, shape, winograd, blocked, gemm "
+                  "or gemm-winograd, got 'fast'"),
             1)
       << b.output;
 }

@@ -770,7 +770,9 @@ TEST_F(Predict, BadInputIsOneErrorLineAndANonZeroExit) {
       {0, "--dataset " + data_ + " --split test", "--split must be train or val", 2},
       {0, "--no-such-option", "unrecognised option", 2},
       {0, "--dataset " + data_ + " --cpu-conv fast",
-       "--cpu-conv must be auto, direct, winograd, blocked, gemm or gemm-winograd, got 'fast'", 2},
+       "--cpu-conv must be auto, direct, shape, winograd, blocked, gemm or gemm-winograd, got "
+       "'fast'",
+       2},
       {0, "--dataset " + data_ + " --precision fp16",
        "--precision must be fp32 or bf16, got 'fp16'", 2},
       {0, "--dataset " + data_ + " --device tpu", "--device must be auto, cpu or cuda, got 'tpu'",

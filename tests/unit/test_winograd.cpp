@@ -1,7 +1,8 @@
 // The CPU backend's alternatives to direct NHWC convolutions (CpuConvAlgo): Winograd (AVX-512),
 // the direct kernels on blocked copies and the shifted GEMMs (every ISA): each pass equals the
 // direct NHWC kernel's within rounding, alone and in every mixture over the passes, timing-based
-// choice (kAuto) gives the same results, and a model trains with them as with direct kernels.
+// choice (kAuto) gives the same results, the choice by shape (kShape) runs Winograd forward on
+// wide layers only, and a model trains with them as with direct kernels.
 // Registered twice: natively and capped at AVX2 (ONEDNN_MAX_CPU_ISA), where Winograd skips and
 // kAuto chooses between the two direct layouts and the GEMMs.
 #include <gtest/gtest.h>
@@ -231,6 +232,36 @@ TEST(Winograd, TimedChoiceMatchesDirect) {
   EXPECT_LT(rel_diff(b.dx, a.dx), 2e-5);
   EXPECT_LT(rel_diff(b.dw, a.dw), 2e-5);
   EXPECT_LT(rel_diff(b.db, a.db), 2e-5);
+}
+
+// kShape decides by the layer's shape, without timing: the forward pass of a layer whose channels
+// pay for Winograd (64 -> 64: cin*cout/(cin+cout) = 32, the bound) runs it (oneDNN's where it has
+// it, else on GEMMs), within 2e-5 of direct and not bitwise equal; a narrower one (32 -> 96: 24)
+// and every backward pass run the direct kernels, bitwise.
+TEST(ShapeRule, WinogradForwardWhereTheChannelsPayForIt) {
+  auto direct = backend(CpuConvAlgo::kDirect);
+  auto shape = backend(CpuConvAlgo::kShape);
+  const ConvDesc wide = conv(2, 16, 20, 64, 64, true, true);
+  const ConvDesc narrow = conv(2, 16, 20, 32, 96, true, true);
+  for (const ConvDesc& d : {wide, narrow}) {
+    SCOPED_TRACE(std::to_string(d.cin) + "->" + std::to_string(d.cout));
+    const ConvResult a = run_conv(*direct, d), b = run_conv(*shape, d, 2, &a.y);
+    std::printf("[shape] %d->%d: y %.2e dx %.2e dw %.2e db %.2e\n", d.cin, d.cout,
+                rel_diff(b.y, a.y), rel_diff(b.dx, a.dx), rel_diff(b.dw, a.dw),
+                rel_diff(b.db, a.db));
+    if (d.cin == wide.cin) {
+      EXPECT_LT(rel_diff(b.y, a.y), 2e-5);
+      EXPECT_GT(rel_diff(b.y, a.y), 0.0);  // Winograd ran
+    } else {
+      EXPECT_EQ(b.y, a.y);
+    }
+    EXPECT_EQ(b.dx, a.dx);
+    EXPECT_EQ(b.dw, a.dw);
+    EXPECT_EQ(b.db, a.db);
+  }
+  const std::string winograd = cpu_winograd_support().empty() ? "Winograd" : "Winograd on GEMMs";
+  EXPECT_EQ(shape->kernel_choices(), "forward: 1 direct 1 " + winograd +
+                                         "; backward data: 2 direct; backward weights: 2 direct");
 }
 
 // Five SGD steps of UNet16/2 (32 to 256 channels) on one batch with every 3x3 convolution it

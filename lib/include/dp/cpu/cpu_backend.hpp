@@ -21,7 +21,11 @@ namespace dp {
 // on AVX2), and Winograd F(2x2, 3x3) on 16 GEMMs. kWinograd: oneDNN's Winograd wherever it has
 // it, whatever its memory; kBlocked: the direct kernels on blocked copies; kGemm: the shifted
 // GEMMs; kGemmWinograd: Winograd on GEMMs; each for every 3x3 stride-1 pass (tests, benchmarks).
-enum class CpuConvAlgo { kDirect, kAuto, kWinograd, kBlocked, kGemm, kGemmWinograd };
+// kShape (dppredict's default): no timing; the forward pass of a 3x3 stride-1 convolution whose
+// channels pay for Winograd's transforms and copies (cin*cout/(cin+cout) >= 32, e.g. 64 -> 64)
+// runs oneDNN's Winograd where it has it within the scratchpad cap, else Winograd on GEMMs; all
+// other passes direct. The same kernels on every run of a model on one CPU.
+enum class CpuConvAlgo { kDirect, kAuto, kWinograd, kBlocked, kGemm, kGemmWinograd, kShape };
 
 struct CpuOptions {
   Precision precision = Precision::kFloat32;
