@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 
 namespace dp::cpu {
@@ -30,15 +31,19 @@ void skip_impls(Pd& pd, const char* prefix) {
     if (!pd.next_impl()) throw dnnl::error(dnnl_unimplemented, "no other implementation");
 }
 
-// Builds the three primitives of a (de)convolution. `Fwd`, `BwdData`, `BwdWeights` are oneDNN's
-// convolution_* or deconvolution_* classes, which share one constructor pattern.
+// Builds the three primitives of a (de)convolution, or only the forward one (`forward_only`: an
+// inference model's, whose backward primitives would cost start-up time and never run). `Fwd`,
+// `BwdData`, `BwdWeights` are oneDNN's convolution_* or deconvolution_* classes, which share one
+// constructor pattern. The forward primitive is the same either way (forward_training), so an
+// inference model computes a training model's logits to the bit.
 template <typename Fwd, typename BwdData, typename BwdWeights>
 std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const Dims& src,
                                  const Dims& dst, const memory::desc& user_w_md, bool has_bias,
-                                 bool relu, int stride, int pad, bool bf16) {
+                                 bool relu, int stride, int pad, bool bf16, bool forward_only) {
   auto p = std::make_unique<ConvPrims>();
   p->relu = relu;
   p->has_bias = has_bias;
+  p->forward_only = forward_only;
   // Activations and their gradients are NHWC in `at` (fp32, or bf16 storage); the weights are
   // read in the same type (a bf16 copy made by the weight reorder), weight gradients are fp32.
   const dt at = bf16 ? dt::bf16 : dt::f32;
@@ -52,50 +57,62 @@ std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const D
       typename Fwd::desc(prop_kind::forward_training, alg, src_md, any_w_md, bias_md, dst_md,
                          strides, padding, padding),
       relu_attr(relu), eng);
-  typename BwdData::primitive_desc bwd_data_pd(
-      typename BwdData::desc(alg, src_md, any_w_md, dst_md, strides, padding, padding), eng,
-      fwd_pd);
-  typename BwdWeights::primitive_desc bwd_w_pd(
-      typename BwdWeights::desc(alg, src_md, any_dw_md, bias_md, dst_md, strides, padding, padding),
-      eng, fwd_pd);
-  // oneDNN 2.6's jit_1x1 backward-weights kernel for a strided 1x1 convolution writes past its
-  // scratchpad with 3 or more threads (measured: 1408 bytes past a 5376-byte scratchpad for
-  // 2->4 channels, stride 2, 4 threads; whenever the input has fewer than 16 channels), corrupting
-  // the heap: ResNet downsample convolutions take the next implementation instead.
-  if (user_w_md.dims()[2] == 1 && user_w_md.dims()[3] == 1 && stride > 1)
-    skip_impls(bwd_w_pd, "jit_1x1");
+  // The backward descriptors outlive the primitive descriptors: oneDNN 2.6's implementation
+  // iterator keeps a pointer to its op descriptor, which skip_impls' next_impl() reads (with a
+  // temporary, skipping past jit_1x1 found no other implementation).
+  const typename BwdData::desc bwd_data_desc(alg, src_md, any_w_md, dst_md, strides, padding,
+                                             padding);
+  const typename BwdWeights::desc bwd_w_desc(alg, src_md, any_dw_md, bias_md, dst_md, strides,
+                                             padding, padding);
+  std::optional<typename BwdData::primitive_desc> bwd_data_pd;
+  std::optional<typename BwdWeights::primitive_desc> bwd_w_pd;
+  if (!forward_only) {
+    bwd_data_pd.emplace(bwd_data_desc, eng, fwd_pd);
+    bwd_w_pd.emplace(bwd_w_desc, eng, fwd_pd);
+    // oneDNN 2.6's jit_1x1 backward-weights kernel for a strided 1x1 convolution writes past its
+    // scratchpad with 3 or more threads (measured: 1408 bytes past a 5376-byte scratchpad for
+    // 2->4 channels, stride 2, 4 threads; whenever the input has fewer than 16 channels),
+    // corrupting the heap: ResNet downsample convolutions take the next implementation instead.
+    if (user_w_md.dims()[2] == 1 && user_w_md.dims()[3] == 1 && stride > 1)
+      skip_impls(*bwd_w_pd, "jit_1x1");
+  }
   // One layout end to end: the activations must stay NHWC, never reordered.
   DP_CHECK(fwd_pd.src_desc() == src_md && fwd_pd.dst_desc() == dst_md &&
-               bwd_data_pd.diff_src_desc() == src_md && bwd_w_pd.diff_dst_desc() == dst_md,
+               (forward_only ||
+                (bwd_data_pd->diff_src_desc() == src_md && bwd_w_pd->diff_dst_desc() == dst_md)),
            "oneDNN chose a non-NHWC activation layout for ", src.c, "->", dst.c, " channels");
 
   p->src.init(src_md, eng);
   p->dst.init(dst_md, eng);
-  p->diff_src.init(src_md, eng);
-  p->diff_dst.init(dst_md, eng);
   p->w_fwd.init(eng, user_w_md, fwd_pd.weights_desc());
-  p->w_bwd.init(eng, user_w_md, bwd_data_pd.weights_desc());
-  p->diff_w_user.init(user_w_md, eng);
-  p->diff_w_reorder = bwd_w_pd.diff_weights_desc() != user_w_md;
-  if (p->diff_w_reorder) p->diff_w_internal.init(bwd_w_pd.diff_weights_desc(), eng);
-  const memory& dw = p->diff_w_reorder ? p->diff_w_internal.mem : p->diff_w_user.mem;
-
   p->fwd = Exec(Fwd(fwd_pd));
   p->fwd.arg(DNNL_ARG_SRC, p->src.mem)
       .arg(DNNL_ARG_WEIGHTS, p->w_fwd.active())
       .arg(DNNL_ARG_DST, p->dst.mem);
-  p->bwd_data = Exec(BwdData(bwd_data_pd));
+  if (has_bias) {
+    p->bias.init(bias_md, eng);
+    p->fwd.arg(DNNL_ARG_BIAS, p->bias.mem);
+  }
+  if (forward_only) return p;
+
+  p->diff_src.init(src_md, eng);
+  p->diff_dst.init(dst_md, eng);
+  p->w_bwd.init(eng, user_w_md, bwd_data_pd->weights_desc());
+  p->diff_w_user.init(user_w_md, eng);
+  p->diff_w_reorder = bwd_w_pd->diff_weights_desc() != user_w_md;
+  if (p->diff_w_reorder) p->diff_w_internal.init(bwd_w_pd->diff_weights_desc(), eng);
+  const memory& dw = p->diff_w_reorder ? p->diff_w_internal.mem : p->diff_w_user.mem;
+
+  p->bwd_data = Exec(BwdData(*bwd_data_pd));
   p->bwd_data.arg(DNNL_ARG_DIFF_DST, p->diff_dst.mem)
       .arg(DNNL_ARG_WEIGHTS, p->w_bwd.active())
       .arg(DNNL_ARG_DIFF_SRC, p->diff_src.mem);
-  p->bwd_weights = Exec(BwdWeights(bwd_w_pd));
+  p->bwd_weights = Exec(BwdWeights(*bwd_w_pd));
   p->bwd_weights.arg(DNNL_ARG_SRC, p->src.mem)
       .arg(DNNL_ARG_DIFF_DST, p->diff_dst.mem)
       .arg(DNNL_ARG_DIFF_WEIGHTS, dw);
   if (has_bias) {
-    p->bias.init(bias_md, eng);
     p->diff_bias.init(bias_md, eng);
-    p->fwd.arg(DNNL_ARG_BIAS, p->bias.mem);
     p->bwd_weights.arg(DNNL_ARG_DIFF_BIAS, p->diff_bias.mem);
   }
   if (p->diff_w_reorder) {
@@ -119,8 +136,9 @@ std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const D
 }
 
 // The variants of a 3x3 stride-1 fp32 convolution's passes on oneDNN's own activation layout
-// (`alg`: Winograd, or direct on blocked nChw8c/nChw16c copies), with reorders to and from NHWC.
-// Throws a dnnl::error where oneDNN has none for this shape and CPU.
+// (`alg`: Winograd, or direct on blocked nChw8c/nChw16c copies), with reorders to and from NHWC;
+// the forward pass only where `p` is forward-only. Throws a dnnl::error where oneDNN has none for
+// this shape and CPU.
 std::unique_ptr<BlockedPrims> build_blocked(const dnnl::engine& eng, const ConvDesc& d,
                                             ConvPrims& p, const memory::desc& user_w_md,
                                             algorithm alg) {
@@ -141,6 +159,30 @@ std::unique_ptr<BlockedPrims> build_blocked(const dnnl::engine& eng, const ConvD
       dnnl::convolution_forward::desc(prop_kind::forward_training, alg, src_md, w_md, bias_md,
                                       dst_md, strides, padding, padding),
       fwd_attr, eng);
+  const auto reorder = [](const memory& from, const memory& to) {
+    Exec e(dnnl::reorder(from, to));
+    e.arg(DNNL_ARG_FROM, from).arg(DNNL_ARG_TO, to);
+    return e;
+  };
+  const auto padded = [](const memory::desc& md) { return (md.get_size() + 63) / 64 * 64; };
+  w->src.init(fwd_pd.src_desc(), eng);
+  w->dst.init(fwd_pd.dst_desc(), eng);
+  w->src_in = reorder(p.src.mem, w->src.mem);
+  w->dst_out = reorder(w->dst.mem, p.dst.mem);
+  w->w_fwd.init(eng, user_w_md, fwd_pd.weights_desc());
+  w->src_bytes = padded(fwd_pd.src_desc());
+  w->mid_bytes = padded(fwd_pd.dst_desc());
+  w->pads[BlockedPrims::kFwd].init(fwd_pd.scratchpad_desc(), eng);
+  w->pad_bytes[BlockedPrims::kFwd] = padded(fwd_pd.scratchpad_desc());
+  Exec& fwd = w->prims[BlockedPrims::kFwd];
+  fwd = Exec(dnnl::convolution_forward(fwd_pd));
+  fwd.arg(DNNL_ARG_SRC, w->src.mem)
+      .arg(DNNL_ARG_WEIGHTS, w->w_fwd.active())
+      .arg(DNNL_ARG_DST, w->dst.mem)
+      .arg(DNNL_ARG_SCRATCHPAD, w->pads[BlockedPrims::kFwd].mem);
+  if (d.bias) fwd.arg(DNNL_ARG_BIAS, p.bias.mem);
+  if (p.forward_only) return w;
+
   dnnl::convolution_backward_data::primitive_desc bwd_data_pd(
       dnnl::convolution_backward_data::desc(alg, src_md, w_md, dst_md, strides, padding, padding),
       attr, eng, fwd_pd);
@@ -154,54 +196,33 @@ std::unique_ptr<BlockedPrims> build_blocked(const dnnl::engine& eng, const ConvD
       bwd_w_pd.diff_dst_desc() != bwd_data_pd.diff_dst_desc() ||
       bwd_data_pd.diff_src_desc().get_size() > fwd_pd.src_desc().get_size())
     throw dnnl::error(dnnl_unimplemented, "blocked passes disagree on activation layouts");
-
-  const auto reorder = [](const memory& from, const memory& to) {
-    Exec e(dnnl::reorder(from, to));
-    e.arg(DNNL_ARG_FROM, from).arg(DNNL_ARG_TO, to);
-    return e;
-  };
-  w->src.init(fwd_pd.src_desc(), eng);
-  w->dst.init(fwd_pd.dst_desc(), eng);
   w->diff_dst.init(bwd_data_pd.diff_dst_desc(), eng);
   w->diff_src.init(bwd_data_pd.diff_src_desc(), eng);
   w->diff_w.init(bwd_w_pd.diff_weights_desc(), eng);
-  w->src_in = reorder(p.src.mem, w->src.mem);
-  w->dst_out = reorder(w->dst.mem, p.dst.mem);
   w->diff_dst_in = reorder(p.diff_dst.mem, w->diff_dst.mem);
   w->diff_src_out = reorder(w->diff_src.mem, p.diff_src.mem);
   w->diff_w_out = reorder(w->diff_w.mem, p.diff_w_user.mem);
-  w->w_fwd.init(eng, user_w_md, fwd_pd.weights_desc());
   w->w_bwd.init(eng, user_w_md, bwd_data_pd.weights_desc());
-  const auto padded = [](const memory::desc& md) { return (md.get_size() + 63) / 64 * 64; };
-  w->src_bytes = padded(fwd_pd.src_desc());
-  w->mid_bytes = std::max(padded(fwd_pd.dst_desc()), padded(bwd_data_pd.diff_dst_desc()));
+  w->mid_bytes = std::max(w->mid_bytes, padded(bwd_data_pd.diff_dst_desc()));
   const memory::desc pads[3] = {fwd_pd.scratchpad_desc(), bwd_data_pd.scratchpad_desc(),
                                 bwd_w_pd.scratchpad_desc()};
-  for (int k = 0; k < 3; ++k) {
+  for (int k : {BlockedPrims::kBwdData, BlockedPrims::kBwdWeights}) {
     w->pads[k].init(pads[k], eng);
     w->pad_bytes[k] = padded(pads[k]);
   }
-
-  Exec& fwd = w->prims[BlockedPrims::kFwd];
-  fwd = Exec(dnnl::convolution_forward(fwd_pd));
-  fwd.arg(DNNL_ARG_SRC, w->src.mem)
-      .arg(DNNL_ARG_WEIGHTS, w->w_fwd.active())
-      .arg(DNNL_ARG_DST, w->dst.mem);
   Exec& bwd_data = w->prims[BlockedPrims::kBwdData];
   bwd_data = Exec(dnnl::convolution_backward_data(bwd_data_pd));
   bwd_data.arg(DNNL_ARG_DIFF_DST, w->diff_dst.mem)
       .arg(DNNL_ARG_WEIGHTS, w->w_bwd.active())
-      .arg(DNNL_ARG_DIFF_SRC, w->diff_src.mem);
+      .arg(DNNL_ARG_DIFF_SRC, w->diff_src.mem)
+      .arg(DNNL_ARG_SCRATCHPAD, w->pads[BlockedPrims::kBwdData].mem);
   Exec& bwd_w = w->prims[BlockedPrims::kBwdWeights];
   bwd_w = Exec(dnnl::convolution_backward_weights(bwd_w_pd));
   bwd_w.arg(DNNL_ARG_SRC, w->src.mem)
       .arg(DNNL_ARG_DIFF_DST, w->diff_dst.mem)
-      .arg(DNNL_ARG_DIFF_WEIGHTS, w->diff_w.mem);
-  for (int k = 0; k < 3; ++k) w->prims[k].arg(DNNL_ARG_SCRATCHPAD, w->pads[k].mem);
-  if (d.bias) {
-    fwd.arg(DNNL_ARG_BIAS, p.bias.mem);
-    bwd_w.arg(DNNL_ARG_DIFF_BIAS, p.diff_bias.mem);
-  }
+      .arg(DNNL_ARG_DIFF_WEIGHTS, w->diff_w.mem)
+      .arg(DNNL_ARG_SCRATCHPAD, w->pads[BlockedPrims::kBwdWeights].mem);
+  if (d.bias) bwd_w.arg(DNNL_ARG_DIFF_BIAS, p.diff_bias.mem);
   return w;
 }
 
@@ -213,9 +234,10 @@ std::unique_ptr<BlockedPrims> build_blocked(const dnnl::engine& eng, const ConvD
 constexpr double kTimedPassMinFlops = 0.2e9;
 constexpr size_t kWinogradMaxScratchpad = size_t{96} << 20;
 
-// Under CpuConvAlgo::kShape a forward pass runs Winograd where cin*cout/(cin+cout) reaches this:
-// its arithmetic shrinks with cin*cout, its transforms and layout copies grow with cin+cout
-// (measured per layer on UNet16 at full width: bench/README.md).
+// Under CpuConvAlgo::kShape a forward pass of at least kTimedPassMinFlops runs Winograd where
+// cin*cout/(cin+cout) reaches this: its arithmetic shrinks with cin*cout, its transforms and
+// layout copies grow with cin+cout (measured per layer on UNet16 at full width: bench/README.md);
+// below the FLOP bound its primitive's creation and weight transform cost more than it saves.
 constexpr double kShapeWinogradMinChannels = 32;
 
 // Runs `pass(a)` for each candidate kernel once to warm up, then once each timed (their
@@ -245,7 +267,8 @@ PassAlgo settle(PassAlgo& algo, const std::vector<PassAlgo>& candidates, const F
 }  // namespace
 
 size_t BlockedPrims::weight_scratch_bytes() const {
-  return std::max({w_fwd.scratch_bytes(), w_bwd.scratch_bytes(), diff_w.mem.get_desc().get_size()});
+  const size_t dw = diff_w.mem ? diff_w.mem.get_desc().get_size() : 0;  // none if forward-only
+  return std::max({w_fwd.scratch_bytes(), w_bwd.scratch_bytes(), dw});
 }
 
 std::vector<PassAlgo> ConvPrims::candidates(int pass) const {
@@ -287,8 +310,10 @@ void ConvPrims::bind_blocked_copies(const Scratch& scratch) {
            "conv: the scratch buffers must be 64-byte aligned (dp::Buffer is)");
   char* base = static_cast<char*>(scratch.copies);
   blocked->src.at(base);
-  blocked->diff_src.at(base);  // written by backward-data, after backward-weights read src
   blocked->dst.at(base + blocked->src_bytes);
+  blocked->pads[BlockedPrims::kFwd].at(base + blocked->src_bytes + blocked->mid_bytes);
+  if (forward_only) return;
+  blocked->diff_src.at(base);  // written by backward-data, after backward-weights read src
   blocked->diff_dst.at(base + blocked->src_bytes);
   for (Bound& pad : blocked->pads) pad.at(base + blocked->src_bytes + blocked->mid_bytes);
 }
@@ -371,6 +396,7 @@ void ConvPrims::data_pass(dnnl::stream& s, const float* w, const void* dy, void*
 
 void ConvPrims::backward(dnnl::stream& s, const void* x, const float* w, const void* y, void* dy,
                          void* dx, float* dw, float* db, const Scratch& scratch) {
+  DP_CHECK(!forward_only, "conv: a backward pass of a convolution set up for inference only");
   src.at(x);
   dst.at(y);
   diff_dst.at(dy);
@@ -417,7 +443,7 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
     return build<dnnl::convolution_forward, dnnl::convolution_backward_data,
                  dnnl::convolution_backward_weights>(eng, algorithm::convolution_direct, d.src(),
                                                      d.dst(), user_w, d.bias, d.relu, d.stride,
-                                                     d.padding(), bf16);
+                                                     d.padding(), bf16, d.forward_only);
   });
   const double flops = 2.0 * double(d.dst().numel()) * d.cin * d.kernel * d.kernel;
   if (bf16 || algo == CpuConvAlgo::kDirect || d.kernel != 3 || d.stride != 1 ||
@@ -444,7 +470,9 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
     }
   };
   if (algo == CpuConvAlgo::kShape) {
-    if (double(d.cin) * d.cout / (d.cin + d.cout) < kShapeWinogradMinChannels) return p;
+    if (double(d.cin) * d.cout / (d.cin + d.cout) < kShapeWinogradMinChannels ||
+        flops < kTimedPassMinFlops)
+      return p;
     if (build_variant(CpuConvAlgo::kWinograd) &&
         p->blocked->pad_bytes[BlockedPrims::kFwd] <= kWinogradMaxScratchpad) {
       p->algo[BlockedPrims::kFwd] = PassAlgo::kBlocked;
@@ -486,7 +514,7 @@ std::unique_ptr<ConvPrims> make_deconv(const dnnl::engine& eng, const DeconvDesc
     return build<dnnl::deconvolution_forward, dnnl::deconvolution_backward_data,
                  dnnl::deconvolution_backward_weights>(eng, algorithm::deconvolution_direct,
                                                        d.src(), d.dst(), user_w, true, d.relu,
-                                                       d.stride, d.pad, bf16);
+                                                       d.stride, d.pad, bf16, d.forward_only);
   });
 }
 

@@ -21,10 +21,11 @@ using cpu::checked;
 
 auto conv_key(const ConvDesc& d) {
   return std::make_tuple(d.n, d.h, d.w, d.cin, d.cout, d.kernel, d.relu, d.stride, d.padding(),
-                         d.bias);
+                         d.bias, d.forward_only);
 }
 auto deconv_key(const DeconvDesc& d) {
-  return std::make_tuple(d.n, d.h, d.w, d.cin, d.cout, d.kernel, d.relu, d.stride, d.pad);
+  return std::make_tuple(d.n, d.h, d.w, d.cin, d.cout, d.kernel, d.relu, d.stride, d.pad,
+                         d.forward_only);
 }
 
 // Activations as T, the activation storage type (float or bf16).

@@ -136,6 +136,7 @@ struct ConvPrims {
   Bound src, dst, bias, diff_dst, diff_src, diff_bias, diff_w_user, diff_w_internal;
   WeightsIn w_fwd, w_bwd;
   bool diff_w_reorder = false, relu = false, has_bias = false;
+  bool forward_only = false;  // an inference model's: no backward primitives (backward() fails)
   std::unique_ptr<BlockedPrims> blocked;  // null where no pass may run on blocked copies
   std::unique_ptr<GemmConv> gemm;         // null where no pass may run as GEMMs
   PassAlgo algo[3] = {PassAlgo::kDirect, PassAlgo::kDirect,

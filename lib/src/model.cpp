@@ -177,6 +177,7 @@ ConvDesc Model::conv_desc(const Op& op, int n) const {
   d.stride = op.stride;
   d.pad = op.pad;
   d.bias = op.bias >= 0;
+  d.forward_only = purpose_ == Purpose::kInference;
   return d;
 }
 
@@ -187,6 +188,7 @@ DeconvDesc Model::deconv_desc(const Op& op, int n) const {
   d.stride = op.stride;
   d.pad = op.pad;
   d.relu = op.relu;
+  d.forward_only = purpose_ == Purpose::kInference;
   return d;
 }
 

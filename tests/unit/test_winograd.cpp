@@ -235,21 +235,24 @@ TEST(Winograd, TimedChoiceMatchesDirect) {
 }
 
 // kShape decides by the layer's shape, without timing: the forward pass of a layer whose channels
-// pay for Winograd (64 -> 64: cin*cout/(cin+cout) = 32, the bound) runs it (oneDNN's where it has
-// it, else on GEMMs), within 2e-5 of direct and not bitwise equal; a narrower one (32 -> 96: 24)
-// and every backward pass run the direct kernels, bitwise.
+// pay for Winograd (64 -> 64: cin*cout/(cin+cout) = 32, the bound) and that has 0.2 GFLOP runs it
+// (oneDNN's where it has it, else on GEMMs), within 2e-5 of direct and not bitwise equal; a
+// narrower one (32 -> 96: 24), a smaller one (64 -> 64 on a quarter of the pixels) and every
+// backward pass run the direct kernels, bitwise.
 TEST(ShapeRule, WinogradForwardWhereTheChannelsPayForIt) {
   auto direct = backend(CpuConvAlgo::kDirect);
   auto shape = backend(CpuConvAlgo::kShape);
-  const ConvDesc wide = conv(2, 16, 20, 64, 64, true, true);
-  const ConvDesc narrow = conv(2, 16, 20, 32, 96, true, true);
-  for (const ConvDesc& d : {wide, narrow}) {
-    SCOPED_TRACE(std::to_string(d.cin) + "->" + std::to_string(d.cout));
+  const ConvDesc wide = conv(2, 48, 48, 64, 64, true, true);    // 0.34 GFLOP
+  const ConvDesc narrow = conv(2, 48, 48, 32, 96, true, true);  // 0.25 GFLOP
+  const ConvDesc small = conv(2, 24, 24, 64, 64, true, true);   // 0.08 GFLOP
+  for (const ConvDesc& d : {wide, narrow, small}) {
+    SCOPED_TRACE(std::to_string(d.cin) + "->" + std::to_string(d.cout) + " " + std::to_string(d.h) +
+                 "x" + std::to_string(d.w));
     const ConvResult a = run_conv(*direct, d), b = run_conv(*shape, d, 2, &a.y);
-    std::printf("[shape] %d->%d: y %.2e dx %.2e dw %.2e db %.2e\n", d.cin, d.cout,
+    std::printf("[shape] %d->%d %dx%d: y %.2e dx %.2e dw %.2e db %.2e\n", d.cin, d.cout, d.h, d.w,
                 rel_diff(b.y, a.y), rel_diff(b.dx, a.dx), rel_diff(b.dw, a.dw),
                 rel_diff(b.db, a.db));
-    if (d.cin == wide.cin) {
+    if (d == wide) {
       EXPECT_LT(rel_diff(b.y, a.y), 2e-5);
       EXPECT_GT(rel_diff(b.y, a.y), 0.0);  // Winograd ran
     } else {
@@ -260,8 +263,18 @@ TEST(ShapeRule, WinogradForwardWhereTheChannelsPayForIt) {
     EXPECT_EQ(b.db, a.db);
   }
   const std::string winograd = cpu_winograd_support().empty() ? "Winograd" : "Winograd on GEMMs";
-  EXPECT_EQ(shape->kernel_choices(), "forward: 1 direct 1 " + winograd +
-                                         "; backward data: 2 direct; backward weights: 2 direct");
+  EXPECT_EQ(shape->kernel_choices(), "forward: 2 direct 1 " + winograd +
+                                         "; backward data: 3 direct; backward weights: 3 direct");
+  // As dppredict runs it: an inference model's forward-only convolution (no backward kernels).
+  ConvDesc inference = wide;
+  inference.forward_only = true;
+  const Vec x = random_vec(size_t(wide.src().numel()), 1), w = random_vec(64 * 64 * 9, 2),
+            b = random_vec(64, 3);
+  Vec a(size_t(wide.dst().numel())), y(a.size());
+  direct->conv_forward(wide, x.data(), w.data(), b.data(), a.data());
+  shape->conv_forward(inference, x.data(), w.data(), b.data(), y.data());
+  EXPECT_LT(rel_diff(y, a), 2e-5);
+  EXPECT_GT(rel_diff(y, a), 0.0);
 }
 
 // Five SGD steps of UNet16/2 (32 to 256 channels) on one batch with every 3x3 convolution it

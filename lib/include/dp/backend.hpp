@@ -35,6 +35,7 @@ struct ConvDesc {
   int stride = 1;
   int pad = -1;
   bool bias = true;
+  bool forward_only = false;  // an inference model's: no backward pass, no primitives for one
   int padding() const { return pad >= 0 ? pad : kernel / 2; }
   int out_h() const { return (h + 2 * padding() - kernel) / stride + 1; }
   int out_w() const { return (w + 2 * padding() - kernel) / stride + 1; }
@@ -50,6 +51,7 @@ struct DeconvDesc {
   int cin = 0, cout = 0;
   int kernel = 4, stride = 2, pad = 1;
   bool relu = false;
+  bool forward_only = false;  // as ConvDesc's
   int out_h() const { return (h - 1) * stride - 2 * pad + kernel; }
   int out_w() const { return (w - 1) * stride - 2 * pad + kernel; }
   Dims src() const { return {n, h, w, cin}; }
