@@ -311,11 +311,11 @@ void ConvPrims::bind_blocked_copies(const Scratch& scratch) {
   char* base = static_cast<char*>(scratch.copies);
   blocked->src.at(base);
   blocked->dst.at(base + blocked->src_bytes);
-  blocked->pads[BlockedPrims::kFwd].at(base + blocked->src_bytes + blocked->mid_bytes);
+  for (Bound& pad : blocked->pads)  // a forward-only convolution has the forward one alone
+    if (pad.mem) pad.at(base + blocked->src_bytes + blocked->mid_bytes);
   if (forward_only) return;
   blocked->diff_src.at(base);  // written by backward-data, after backward-weights read src
   blocked->diff_dst.at(base + blocked->src_bytes);
-  for (Bound& pad : blocked->pads) pad.at(base + blocked->src_bytes + blocked->mid_bytes);
 }
 
 void ConvPrims::forward_pass(dnnl::stream& s, const void* x, const float* w, const float* b,

@@ -148,40 +148,36 @@ TEST_F(LayersTest, Conv3x3WideChannels) {
 }
 
 // An inference model's convolutions (`forward_only`) build no backward primitives: the same
-// output bits as a training model's, and a backward pass is an error, not a crash. With a strided
-// 1x1 (whose full build skips an implementation) and a transposed convolution.
+// output bits as a training model's, and a backward pass is an error, not a crash. `fwd`, `bwd`:
+// Backend::conv_* or Backend::deconv_* (their weights have cin * cout * k * k elements either way).
+template <typename Desc, typename Fwd, typename Bwd>
+void expect_forward_only_same_without_backward(Backend& be, const Desc& full, Fwd fwd, Bwd bwd) {
+  Desc inference = full;
+  inference.forward_only = true;
+  const int64_t wn = int64_t{full.cout} * full.cin * full.kernel * full.kernel;
+  const Vec src = random_vec(full.src().numel(), 1), w = random_vec(wn, 2),
+            b = random_vec(full.cout, 3);
+  Vec a(size_t(full.dst().numel())), y(a.size());
+  (be.*fwd)(full, src.data(), w.data(), b.data(), a.data());
+  (be.*fwd)(inference, src.data(), w.data(), b.data(), y.data());
+  EXPECT_EQ(y, a);
+  Vec dy(a.size(), 1.0f), dx(src.size()), dw(w.size()), db(b.size());
+  EXPECT_THROW((be.*bwd)(inference, src.data(), w.data(), y.data(), dy.data(), dx.data(), dw.data(),
+                         db.data()),
+               Error);
+}
+
+// With a strided 1x1 (whose full build skips an implementation) and a transposed convolution.
 TEST_F(LayersTest, ForwardOnlyConvolutionsComputeTheSameAndRefuseBackward) {
   ConvDesc strided{2, 8, 8, 8, 16, 1, false};
   strided.stride = 2;
-  for (const ConvDesc& full : {ConvDesc{2, 8, 8, 32, 16, 3, true}, strided}) {
-    ConvDesc inference = full;
-    inference.forward_only = true;
-    const int64_t wn = int64_t{full.cout} * full.cin * full.kernel * full.kernel;
-    const Vec src = random_vec(full.src().numel(), 1), w = random_vec(wn, 2),
-              b = random_vec(full.cout, 3);
-    Vec a(size_t(full.dst().numel())), y(a.size());
-    be->conv_forward(full, src.data(), w.data(), b.data(), a.data());
-    be->conv_forward(inference, src.data(), w.data(), b.data(), y.data());
-    EXPECT_EQ(y, a);
-    Vec dy(a.size(), 1.0f), dx(src.size()), dw(w.size()), db(b.size());
-    EXPECT_THROW(be->conv_backward(inference, src.data(), w.data(), y.data(), dy.data(), dx.data(),
-                                   dw.data(), db.data()),
-                 Error);
-  }
-  DeconvDesc full{2, 4, 5, 8, 4};
-  full.relu = true;
-  DeconvDesc inference = full;
-  inference.forward_only = true;
-  const Vec src = random_vec(full.src().numel(), 1), w = random_vec(int64_t{8} * 4 * 16, 2),
-            b = random_vec(4, 3);
-  Vec a(size_t(full.dst().numel())), y(a.size());
-  be->deconv_forward(full, src.data(), w.data(), b.data(), a.data());
-  be->deconv_forward(inference, src.data(), w.data(), b.data(), y.data());
-  EXPECT_EQ(y, a);
-  Vec dy(a.size(), 1.0f), dx(src.size()), dw(w.size()), db(b.size());
-  EXPECT_THROW(be->deconv_backward(inference, src.data(), w.data(), y.data(), dy.data(), dx.data(),
-                                   dw.data(), db.data()),
-               Error);
+  for (const ConvDesc& full : {ConvDesc{2, 8, 8, 32, 16, 3, true}, strided})
+    expect_forward_only_same_without_backward(*be, full, &Backend::conv_forward,
+                                              &Backend::conv_backward);
+  DeconvDesc deconv{2, 4, 5, 8, 4};
+  deconv.relu = true;
+  expect_forward_only_same_without_backward(*be, deconv, &Backend::deconv_forward,
+                                            &Backend::deconv_backward);
 }
 
 TEST_F(LayersTest, ReluForwardBackward) {
