@@ -17,6 +17,7 @@ options: sqrt / none (--pos-weight), ema (--ema 0.99), emaw (--ema 0.99 --ema-wa
 (--lr-schedule cosine), adamw (--optimizer adamw, with cosine unless const or drop follows),
 const (a constant LR), drop (x0.1 from epoch 11: --lr-schedule step --lr-step 10 --lr-gamma 0.1),
 lrN (--lr 0.00N), clipN (--clip-grad-norm N), warm (--warmup-epochs 1), wsN (--warmup-steps N), ods (--best-metric ods),
+cool (--lr-schedule cooldown), coolN (cooldown with --cooldown-epochs N),
 det (--deterministic: direct convolution kernels, so that a seed is one run), sgd (the default
 until 2026-12-03: --optimizer sgd --lr-schedule step);
 e.g. sqrt-ema-adamw-lr2.
@@ -72,6 +73,10 @@ def recipe_options(name):
                 options += WORDS["cosine"]
         elif w.startswith("ws") and w[2:].isdigit():
             options += ["--warmup-steps", w[2:]]
+        elif w == "cool" or (w.startswith("cool") and w[4:].isdigit()):
+            options += ["--lr-schedule", "cooldown"]
+            if w[4:]:
+                options += ["--cooldown-epochs", w[4:]]
         elif w.startswith("clip") and w[4:].isdigit():
             options += ["--clip-grad-norm", w[4:]]
         elif w.startswith("lr") and w[2:].isdigit():

@@ -1,6 +1,8 @@
 // Optimiser construction and the per-epoch learning rate from dptrain's options.
 #include "train/optimization.hpp"
 
+#include <algorithm>
+
 #include "dp/adamw.hpp"
 
 namespace dp::app {
@@ -21,6 +23,10 @@ std::string auto_lr_schedule(int64_t train_images, int epochs) {
   return train_images * int64_t(epochs) >= kCosineMinImages ? "cosine" : "constant";
 }
 
+int64_t cooldown_epochs(const TrainOptions& o) {
+  return o.cooldown_epochs > 0 ? o.cooldown_epochs : std::max<int64_t>((o.epochs + 4) / 5, 1);
+}
+
 double epoch_lr(const TrainOptions& o, int64_t epoch, int world) {
   LrSchedule s;
   s.kind = o.lr_schedule;
@@ -29,6 +35,7 @@ double epoch_lr(const TrainOptions& o, int64_t epoch, int world) {
   s.warmup = o.warmup_epochs;
   s.step_size = o.lr_step;
   s.gamma = o.lr_gamma;
+  s.cooldown = cooldown_epochs(o);
   return scheduled_lr(s, epoch);
 }
 

@@ -25,6 +25,10 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, ParamStore& par
 inline constexpr int64_t kCosineMinImages = 2000;
 std::string auto_lr_schedule(int64_t train_images, int epochs);
 
+// The epochs of --lr-schedule cooldown's decay: --cooldown-epochs, or a fifth of --epochs
+// rounded up (at least 1).
+int64_t cooldown_epochs(const TrainOptions& o);
+
 // The LR of epoch `epoch` (0-based) on `world` ranks: --lr times the --lr-scaling factor of
 // world x --accumulation-steps, then the schedule (per epoch) with its warm-up.
 double epoch_lr(const TrainOptions& o, int64_t epoch, int world);

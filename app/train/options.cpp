@@ -54,6 +54,7 @@ std::string TrainOptions::describe() const {
      << "adam_beta2 = " << adam_beta2 << "\n"
      << "adam_eps = " << adam_eps << "\n"
      << "lr_schedule = " << lr_schedule << "\n"
+     << "cooldown_epochs = " << cooldown_epochs << "\n"
      << "warmup_epochs = " << warmup_epochs << "\n"
      << "warmup_steps = " << warmup_steps << "\n"
      << "lr_scaling = " << lr_scaling << "\n"
@@ -192,11 +193,15 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "adam-eps", po::value(&o.adam_eps)->default_value(o.adam_eps), "AdamW epsilon")(
       "lr-schedule", po::value(&o.lr_schedule)->default_value(o.lr_schedule),
       "per epoch: constant, step (x --lr-gamma every --lr-step epochs), cosine (to 0 at "
-      "--epochs), or auto: cosine where the run sees at least 2000 training images in all "
+      "--epochs), cooldown (constant, then linearly towards 0 over the last --cooldown-epochs), "
+      "or auto: cosine where the run sees at least 2000 training images in all "
       "(images x --epochs), else constant (a short run needs its few steps at the full rate; "
-      "docs/real-data.md)")("warmup-epochs",
-                            po::value(&o.warmup_epochs)->default_value(o.warmup_epochs),
-                            "linear warm-up: epoch e < W runs at lr x (e+1)/(W+1)")(
+      "docs/real-data.md)")(
+      "cooldown-epochs", po::value(&o.cooldown_epochs)->default_value(o.cooldown_epochs),
+      "epochs of the cooldown schedule's decay: the last N run at lr x N/(N+1), ..., 1/(N+1) "
+      "(0: a fifth of --epochs, rounded up)")(
+      "warmup-epochs", po::value(&o.warmup_epochs)->default_value(o.warmup_epochs),
+      "linear warm-up: epoch e < W runs at lr x (e+1)/(W+1)")(
       "warmup-steps", po::value(&o.warmup_steps)->default_value(o.warmup_steps),
       "linear warm-up per optimiser step on top of the schedule: step s <= N (1-based over the "
       "run) runs at its epoch's lr x s/N")(
@@ -393,8 +398,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
           o.adam_beta2);
   require(o.adam_eps > 0, "--adam-eps must be positive, got ", o.adam_eps);
   require(o.lr_schedule == "auto" || o.lr_schedule == "constant" || o.lr_schedule == "step" ||
-              o.lr_schedule == "cosine",
-          "--lr-schedule must be auto, constant, step or cosine, got '", o.lr_schedule, "'");
+              o.lr_schedule == "cosine" || o.lr_schedule == "cooldown",
+          "--lr-schedule must be auto, constant, step, cosine or cooldown, got '", o.lr_schedule,
+          "'");
+  require(o.cooldown_epochs >= 0, "--cooldown-epochs must be >= 0, got ", o.cooldown_epochs);
   require(o.warmup_epochs >= 0, "--warmup-epochs must be >= 0, got ", o.warmup_epochs);
   require(o.warmup_steps >= 0, "--warmup-steps must be >= 0, got ", o.warmup_steps);
   require(o.lr_scaling == "none" || o.lr_scaling == "linear" || o.lr_scaling == "sqrt",

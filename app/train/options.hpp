@@ -43,7 +43,8 @@ struct TrainOptions {
   bool nesterov = false;            // SGD
   double weight_decay = 1e-4;       // SGD: L2 added to the gradient; AdamW: decoupled
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
-  std::string lr_schedule = "auto";  // auto | constant | step | cosine (per epoch)
+  std::string lr_schedule = "auto";  // auto | constant | step | cosine | cooldown (per epoch)
+  int cooldown_epochs = 0;           // cooldown's linear decay (0: a fifth of --epochs)
   int warmup_epochs = 0;             // linear warm-up epochs
   int64_t warmup_steps = 0;          // linear warm-up per optimiser step, on top
   std::string lr_scaling = "none";   // none | linear | sqrt of world size x accumulation steps

@@ -54,7 +54,13 @@ double scheduled_lr(const LrSchedule& s, int64_t epoch) {
     return s.base * 0.5 * (1.0 + std::cos(std::numbers::pi * double(epoch - s.warmup) / span));
   }
   if (s.kind == "constant") return s.base;
-  DP_CHECK(s.kind == "step", "unknown LR schedule '", s.kind, "' (constant, step or cosine)");
+  if (s.kind == "cooldown") {
+    DP_CHECK(s.cooldown >= 1, "scheduled_lr: cooldown of ", s.cooldown, " epochs");
+    const int64_t left = s.epochs - epoch;  // epochs from this one to the end
+    return left > s.cooldown ? s.base : s.base * double(left) / double(s.cooldown + 1);
+  }
+  DP_CHECK(s.kind == "step", "unknown LR schedule '", s.kind,
+           "' (constant, step, cosine or cooldown)");
   return s.base * std::pow(s.gamma, double(epoch / s.step_size));
 }
 

@@ -131,6 +131,32 @@ TEST(LrSchedule, AutoIsCosineFromTwoThousandImagesPerRun) {
   for (int e = 0; e < 10; ++e) EXPECT_DOUBLE_EQ(scheduled_lr(c, e), 0.1) << e;
 }
 
+TEST(LrSchedule, CooldownIsConstantThenLinearToZero) {
+  // SequentialLR(ConstantLR(factor=1, total_iters=7), LinearLR(start_factor=3/4,
+  // end_factor=1/4, total_iters=2), milestones=[7]), base 0.1, 10 epochs, stepped once an epoch.
+  const double want[10] = {0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.075, 0.05, 0.025};
+  LrSchedule c;
+  c.kind = "cooldown";
+  c.base = 0.1;
+  c.epochs = 10;
+  c.cooldown = 3;
+  for (int e = 0; e < 10; ++e) EXPECT_NEAR(scheduled_lr(c, e), want[e], 1e-15) << e;
+  c.warmup = 2;  // a warm-up epoch ramps as in every schedule, then the plateau
+  EXPECT_NEAR(scheduled_lr(c, 0), 0.1 / 3, 1e-15);
+  EXPECT_DOUBLE_EQ(scheduled_lr(c, 2), 0.1);
+  c.cooldown = 0;
+  EXPECT_THROW(scheduled_lr(c, 9), std::exception);
+  // --cooldown-epochs 0: a fifth of --epochs, rounded up.
+  app::TrainOptions o;
+  for (auto [epochs, fifth] : {std::pair{15, 3}, std::pair{10, 2}, std::pair{11, 3},
+                               std::pair{1, 1}, std::pair{100, 20}}) {
+    o.epochs = epochs;
+    EXPECT_EQ(app::cooldown_epochs(o), fifth) << epochs;
+  }
+  o.cooldown_epochs = 4;
+  EXPECT_EQ(app::cooldown_epochs(o), 4);
+}
+
 TEST(LrSchedule, ScalingByWorldTimesAccumulation) {
   EXPECT_DOUBLE_EQ(lr_scale("none", 4, 2), 1.0);
   EXPECT_DOUBLE_EQ(lr_scale("linear", 3, 2), 6.0);

@@ -53,15 +53,19 @@ void scale_to_max_norm(Backend& backend, float* grads, int64_t count, double nor
 //   step:   base * gamma^floor(epoch / step_size)                       (StepLR)
 //   cosine: base * (1 + cos(pi * (epoch - warmup) / (epochs - warmup))) / 2 (CosineAnnealingLR,
 //           eta_min 0, T_max the epochs after warm-up)
+//   cooldown: base, then linearly towards 0 over the last `cooldown` epochs: epoch e >=
+//           epochs - cooldown runs at base * (epochs - e) / (cooldown + 1) (ConstantLR then
+//           LinearLR; the warm-up-stable-decay schedule of Hu et al. 2024, Hägele et al. 2024)
 // During the first `warmup` epochs the LR is base * (epoch + 1) / (warmup + 1) (LinearLR with
 // start_factor 1/(warmup+1), reaching base at epoch `warmup`).
 struct LrSchedule {
-  std::string kind = "step";  // constant | step | cosine
+  std::string kind = "step";  // constant | step | cosine | cooldown
   double base = 0.01;
   int64_t epochs = 1;
   int64_t warmup = 0;
   int64_t step_size = 30;
   double gamma = 0.1;
+  int64_t cooldown = 1;  // epochs of the cooldown's linear decay
 };
 double scheduled_lr(const LrSchedule& s, int64_t epoch);
 
