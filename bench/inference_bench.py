@@ -33,8 +33,11 @@ runs in a child process of its own (peak RSS from wait4); each measurement is th
 Before timing, dppredict's probabilities of the smallest photograph (fp32, 32-bit float TIFF) are
 compared with both peers' (max |p - p_dppredict|): the proof that the tiling is replicated.
 Without --checkpoint a short dptrain run makes one (dpprep synth at --train-size, UNet16 /8, two
-steps). --isa caps oneDNN (dppredict's and PyTorch's) and ATen as bench/compare_pytorch.py does;
-ONNX Runtime's own kernels (MLAS) have no such cap.
+steps). --isa caps oneDNN (dppredict's and PyTorch's) and ATen as bench/compare_pytorch.py does.
+ONNX Runtime's own kernels (MLAS) have no such cap, so at --isa avx2 or avx512_core both peers run
+under bench/cpuid_cap.c (an LD_PRELOAD shim, built as the target cpuid_cap), which hides the CPU
+features above the ISA from their CPUID; the report says how many CPUID instructions it answered
+in the probe process (PyTorch and ONNX Runtime imported, one convolution each).
 """
 import argparse
 import json
@@ -325,14 +328,17 @@ def child_engine(args):
 def child_probe(args):
     """What PyTorch runs: its version, ATen's capability, oneDNN's ISA (ONEDNN_VERBOSE=1 is set
     by the parent, so oneDNN prints its info lines on the convolution here)."""
+    import ctypes
     import onnxruntime as ort
     import torch
     conv = torch.nn.Conv2d(32, 32, 3, padding=1).eval().to(memory_format=torch.channels_last)
     with torch.inference_mode():  # (8 channels run no oneDNN primitive in PyTorch 2.15)
         conv(torch.zeros(1, 32, 64, 64).to(memory_format=torch.channels_last))
     sys.stdout.flush()
+    shim = getattr(ctypes.CDLL(None), "cpuid_cap_answered", None)
     print(json.dumps({"torch": torch.__version__, "onnxruntime": ort.__version__,
-                      "aten_cpu_capability": torch.backends.cpu.get_cpu_capability()}))
+                      "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                      "cpuid_answered": shim() if shim else None}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,9 +409,24 @@ def make_checkpoint(args, work, env):
     return os.path.join(model_dir, epochs[-1])
 
 
+CPUID_CAPS = ("avx2", "avx512_core")  # what bench/cpuid_cap.c can hide down to
+
+
+def peer_env(args, env):
+    """The peers' environment: env, plus the CPUID shim where --isa asks for a cap it knows."""
+    if args.isa not in CPUID_CAPS or args.engines == ["dppredict"]:
+        return env
+    shim = os.path.join(args.build, "bench", "libcpuid_cap.so")
+    if not os.path.exists(shim):
+        raise SystemExit(f"--isa {args.isa} caps the peers with {shim}: build the target "
+                         "cpuid_cap (cmake --build build/default --target cpuid_cap)")
+    return dict(env, LD_PRELOAD=shim, CPUID_CAP=args.isa)
+
+
 class Bench:
-    def __init__(self, args, work, env):
+    def __init__(self, args, work, env):  # noqa: D107
         self.args, self.env = args, env
+        self.peer_env = peer_env(args, env)
         self.dppredict = os.path.join(args.build, "app", "dppredict")
         self.out = os.path.join(work, "out")
         os.makedirs(self.out, exist_ok=True)
@@ -451,7 +472,7 @@ class Bench:
             cmd += ["--compare", compare]
         if self.args.raw_weights:
             cmd.append("--raw-weights")
-        _, rss, out, _ = run_measured(cmd, dict(self.env, OMP_NUM_THREADS=str(threads)))
+        _, rss, out, _ = run_measured(cmd, dict(self.peer_env, OMP_NUM_THREADS=str(threads)))
         return json.loads(out.strip().splitlines()[-1]), rss
 
 
@@ -544,7 +565,8 @@ def run(args, work):
     versions = {}
     if peers:
         probe = call([args.python, os.path.abspath(__file__), "--child", "probe"],
-                     env=dict(env, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1", OMP_NUM_THREADS="1"))
+                     env=dict(bench.peer_env, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1",
+                              OMP_NUM_THREADS="1"))
         versions = json.loads(probe.strip().splitlines()[-1])
         versions["onednn"] = verbose_isa(probe)
 
@@ -598,8 +620,12 @@ def report(args, rows, agreement, versions, notes, model, flags, sizes, s):
     line = (f"oneDNN ISA (--isa {args.isa}): dppredict {s['isa']} "
             f"(--cpu-conv {args.cpu_conv or 'shape, its default'})")
     if versions:
-        line += (f"; PyTorch {versions['onednn']}, ATen {versions['aten_cpu_capability']}; "
-                 f"ONNX Runtime: MLAS (not capped by --isa)")
+        line += f"; PyTorch {versions['onednn']}, ATen {versions['aten_cpu_capability']}; "
+        if versions.get("cpuid_answered"):
+            line += (f"both peers' CPUID capped at {args.isa} by bench/cpuid_cap.c "
+                     f"({versions['cpuid_answered']} CPUID instructions answered in the probe)")
+        else:
+            line += "ONNX Runtime: MLAS (not capped)"
     print(line)
     if versions:
         print(f"PyTorch {versions['torch']}, ONNX Runtime {versions['onnxruntime']}")
