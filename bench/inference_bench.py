@@ -424,7 +424,7 @@ def peer_env(args, env):
 
 
 class Bench:
-    def __init__(self, args, work, env):  # noqa: D107
+    def __init__(self, args, work, env):
         self.args, self.env = args, env
         self.peer_env = peer_env(args, env)
         self.dppredict = os.path.join(args.build, "app", "dppredict")
