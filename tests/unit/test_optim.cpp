@@ -133,7 +133,8 @@ TEST(LrSchedule, AutoIsCosineFromTwoThousandImagesPerRun) {
 
 TEST(LrSchedule, CooldownIsConstantThenLinearToZero) {
   // SequentialLR(ConstantLR(factor=1, total_iters=7), LinearLR(start_factor=3/4,
-  // end_factor=1/4, total_iters=2), milestones=[7]), base 0.1, 10 epochs, stepped once an epoch.
+  // end_factor=1/4, total_iters=2), milestones=[7]), base 0.1, 10 epochs, stepped once an epoch
+  // (tools/reference/optim_reference.py).
   const double want[10] = {0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.075, 0.05, 0.025};
   LrSchedule c;
   c.kind = "cooldown";

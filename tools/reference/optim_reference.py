@@ -57,6 +57,20 @@ def schedules():
         sched.step()
     print("// StepLR step_size 3, gamma 0.5")
     print("lrs", [f"{v:.10g}" for v in lrs])
+    opt = torch.optim.SGD([p], lr=base)  # cooldown: 7 epochs constant, 3 decaying to 1/4
+    sched = torch.optim.lr_scheduler.SequentialLR(
+        opt,
+        [torch.optim.lr_scheduler.ConstantLR(opt, factor=1.0, total_iters=7),
+         torch.optim.lr_scheduler.LinearLR(opt, start_factor=3 / 4, end_factor=1 / 4,
+                                           total_iters=2)],
+        milestones=[7])
+    lrs = []
+    for _ in range(epochs):
+        lrs.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    print("// cooldown, base 0.1, 10 epochs, the last 3 decaying (ConstantLR + LinearLR)")
+    print("lrs", [f"{v:.10g}" for v in lrs])
 
 
 if __name__ == "__main__":
