@@ -55,8 +55,8 @@ class CpuBackend final : public Backend {
   std::string kernel_choices() const override {
     if (conv_algo_ == CpuConvAlgo::kDirect || bf16_) return {};
     // Per pass: [direct NHWC, direct on blocked copies, Winograd, GEMMs, Winograd on GEMMs, not
-    // yet run].
-    int counts[3][6] = {};
+    // yet run, packed pixels].
+    int counts[3][7] = {};
     for (const auto& entry : conv_cache_) {
       const cpu::ConvPrims& p = *entry.second;
       for (int k = 0; k < 3; ++k) {
@@ -65,18 +65,20 @@ class CpuBackend final : public Backend {
                     : a == cpu::PassAlgo::kGemm           ? 3
                     : a == cpu::PassAlgo::kGemmWinograd   ? 4
                     : a == cpu::PassAlgo::kTimeOnFirstUse ? 5
+                    : a == cpu::PassAlgo::kPacked         ? 6
                     : p.blocked->winograd                 ? 2
                                                           : 1];
       }
     }
     static const char* const kPasses[3] = {"forward", "backward data", "backward weights"};
-    static const char* const kKinds[6] = {"direct", "blocked",           "Winograd",
-                                          "GEMM",   "Winograd on GEMMs", "not yet run"};
+    static const char* const kKinds[7] = {"direct",       "blocked",           "Winograd",
+                                          "GEMM",         "Winograd on GEMMs", "not yet run",
+                                          "packed pixels"};
     std::string s;
     for (int k :
          {cpu::BlockedPrims::kFwd, cpu::BlockedPrims::kBwdData, cpu::BlockedPrims::kBwdWeights}) {
       s += str_cat(s.empty() ? "" : "; ", kPasses[k], ":");
-      for (int kind = 0; kind < 6; ++kind)
+      for (int kind = 0; kind < 7; ++kind)
         if (counts[k][kind] > 0) s += str_cat(" ", counts[k][kind], " ", kKinds[kind]);
     }
     return s;

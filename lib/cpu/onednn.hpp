@@ -122,10 +122,28 @@ struct BlockedPrims {
   size_t weight_scratch_bytes() const;
 };
 
+// The forward pass of a narrow 3x3 convolution (4 or 8 output channels) with P adjacent output
+// pixels of a row computed as P x cout channels. oneDNN's kernels block output channels by the
+// vector width (16 floats on AVX-512, 8 on AVX2), so a 4-channel layer fills a quarter of each
+// vector. Output pixel P w' + p, channel c, is channel p cout + c of pixel w' of a convolution
+// with stride (1, P), a 3 x (P+2) kernel and the weights W'[p cout + c, ci, kh, p + kw] =
+// W[c, ci, kh, kw] (zero elsewhere); in NHWC memory the two outputs are the same bytes, so the
+// packed convolution reads and writes the layer's own tensors. (P+2)/3 as many multiply-adds,
+// most of the extra by zero, at up to 4x the lane use.
+struct PackedConv {
+  int pixels = 1, cout = 0, cin = 0;  // P, and the layer's channels
+  Exec fwd;
+  Bound src, dst, bias;
+  WeightsIn w;
+  std::vector<float> w_packed, b_packed;  // W' (oihw) and the bias repeated P times
+  // Fills w_packed and b_packed from the layer's weights [cout, cin, 3, 3] and bias (or none).
+  void pack(const float* weights, const float* b);
+};
+
 // How each pass of a convolution runs: direct NHWC kernels, the blocked variant, the shifted GEMMs
 // or (forward and backward-data) Winograd on GEMMs, decided on the pass's first use when timing
-// picks (see make_conv).
-enum class PassAlgo : uint8_t { kDirect, kBlocked, kGemm, kGemmWinograd, kTimeOnFirstUse };
+// picks (see make_conv), or (forward only) the packed pixels of a narrow layer.
+enum class PassAlgo : uint8_t { kDirect, kBlocked, kGemm, kGemmWinograd, kTimeOnFirstUse, kPacked };
 
 // Forward, backward-data and backward-weights of a convolution or transposed convolution with
 // optional bias and fused ReLU, all bound to their arguments once.
@@ -139,6 +157,7 @@ struct ConvPrims {
   bool forward_only = false;  // an inference model's: no backward primitives (backward() fails)
   std::unique_ptr<BlockedPrims> blocked;  // null where no pass may run on blocked copies
   std::unique_ptr<GemmConv> gemm;         // null where no pass may run as GEMMs
+  std::unique_ptr<PackedConv> packed;     // null unless the forward pass runs packed
   PassAlgo algo[3] = {PassAlgo::kDirect, PassAlgo::kDirect,
                       PassAlgo::kDirect};  // BlockedPrims::Pass
 
