@@ -104,8 +104,9 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
                             "megapixel: a large tile runs alone)")(
       "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
       "3x3 convolutions: shape (the default: Winograd for the layers whose channels pay for it, "
-      "cin*cout/(cin+cout) >= 32, with at least 0.2 GFLOP a pass, direct for the others; chosen "
-      "by shape, so every run on this CPU uses the same kernels), direct (oneDNN's direct kernels "
+      "cin*cout/(cin+cout) >= 32, with at least 0.2 GFLOP a pass; layers with 4 or 8 output "
+      "channels as packed pixels; direct for the others; chosen by shape, so every run on this "
+      "CPU uses the same kernels), direct (oneDNN's direct kernels "
       "only), auto (whichever is faster when timed at first use: direct, Winograd or direct on "
       "oneDNN's blocked layout, or GEMMs: shifted or Winograd; the timing costs more than it "
       "saves unless a command predicts many photographs), winograd (AVX-512 CPUs only; elsewhere "
