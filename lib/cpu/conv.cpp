@@ -1,7 +1,7 @@
 // Convolution and transposed convolution on oneDNN: primitive descriptors built once per shape,
 // NHWC activations end to end, weights in PyTorch's layout reordered into oneDNN's choice; 3x3
 // stride-1 passes may run on blocked copies (Winograd where oneDNN has it, else direct kernels on
-// oneDNN's blocked layout) where those are faster.
+// oneDNN's blocked layout) where those are faster, and narrow inference layers as packed pixels.
 #include "onednn.hpp"
 
 #include <algorithm>
@@ -313,17 +313,16 @@ std::unique_ptr<PackedConv> build_packed(const dnnl::engine& eng, const ConvDesc
 }  // namespace
 
 void PackedConv::pack(const float* weights, const float* b) {
-  const int kw = 2 + pixels;
-  for (int p = 0; p < pixels; ++p)
-    for (int c = 0; c < cout; ++c) {
-      b_packed[size_t(p * cout + c)] = b != nullptr ? b[c] : 0.0f;
-      for (int ci = 0; ci < cin; ++ci)
-        for (int y = 0; y < 3; ++y)
-          for (int x = 0; x < 3; ++x)
-            w_packed[((size_t(p * cout + c) * size_t(cin) + size_t(ci)) * 3 + size_t(y)) *
-                         size_t(kw) +
-                     size_t(p + x)] =
-                weights[((size_t(c) * size_t(cin) + size_t(ci)) * 3 + size_t(y)) * 3 + size_t(x)];
+  const size_t kw = size_t(2 + pixels), ci_n = size_t(cin);
+  for (size_t p = 0; p < size_t(pixels); ++p)
+    for (size_t c = 0; c < size_t(cout); ++c) {
+      const size_t o = p * size_t(cout) + c;  // packed output channel
+      b_packed[o] = b != nullptr ? b[c] : 0.0f;
+      for (size_t ci = 0; ci < ci_n; ++ci)
+        for (size_t y = 0; y < 3; ++y)
+          for (size_t x = 0; x < 3; ++x)
+            w_packed[((o * ci_n + ci) * 3 + y) * kw + p + x] =
+                weights[((c * ci_n + ci) * 3 + y) * 3 + x];
     }
 }
 
@@ -540,7 +539,7 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
   };
   if (algo == CpuConvAlgo::kShape) {
     if (const int pixels = packed_pixels(d); pixels > 1 && d.forward_only) {
-      p->packed = build_packed(eng, d, pixels);
+      p->packed = checked("packed convolution", [&] { return build_packed(eng, d, pixels); });
       p->algo[BlockedPrims::kFwd] = PassAlgo::kPacked;
       return p;
     }
