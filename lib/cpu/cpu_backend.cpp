@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <tuple>
@@ -54,9 +55,11 @@ class CpuBackend final : public Backend {
 
   std::string kernel_choices() const override {
     if (conv_algo_ == CpuConvAlgo::kDirect || bf16_) return {};
-    // Per pass: [direct NHWC, direct on blocked copies, Winograd, GEMMs, Winograd on GEMMs, not
-    // yet run, packed pixels].
-    int counts[3][7] = {};
+    static const char* const kKinds[] = {"direct",       "blocked",           "Winograd",
+                                         "GEMM",         "Winograd on GEMMs", "not yet run",
+                                         "packed pixels"};
+    constexpr int kNumKinds = int(std::size(kKinds));
+    int counts[3][kNumKinds] = {};  // per pass and kind (kKinds)
     for (const auto& entry : conv_cache_) {
       const cpu::ConvPrims& p = *entry.second;
       for (int k = 0; k < 3; ++k) {
@@ -71,14 +74,11 @@ class CpuBackend final : public Backend {
       }
     }
     static const char* const kPasses[3] = {"forward", "backward data", "backward weights"};
-    static const char* const kKinds[7] = {"direct",       "blocked",           "Winograd",
-                                          "GEMM",         "Winograd on GEMMs", "not yet run",
-                                          "packed pixels"};
     std::string s;
     for (int k :
          {cpu::BlockedPrims::kFwd, cpu::BlockedPrims::kBwdData, cpu::BlockedPrims::kBwdWeights}) {
       s += str_cat(s.empty() ? "" : "; ", kPasses[k], ":");
-      for (int kind = 0; kind < 7; ++kind)
+      for (int kind = 0; kind < kNumKinds; ++kind)
         if (counts[k][kind] > 0) s += str_cat(" ", counts[k][kind], " ", kKinds[kind]);
     }
     return s;
