@@ -5,7 +5,7 @@
 #include "predict/run.hpp"
 
 int main(int argc, char** argv) {
-  return dp::app::run_mpi_program("dppredict", argc, argv, [&](dp::mpi::MpiComm& world) {
+  return dp::app::run_program("dppredict", argc, argv, [&](dp::Comm& world) {
     const auto options = dp::app::parse_predict_options(argc, argv, world.rank() == 0);
     if (!options) return 0;
     return dp::app::run_predict(*options, world, dp::Logger(world.rank()));

@@ -27,22 +27,10 @@ void report(const char* program, int rank, const char* what) {
   std::fflush(stderr);
 }
 
-}  // namespace
-
-int run_mpi_program(const char* program, int& argc, char**& argv,
-                    const std::function<int(mpi::MpiComm& world)>& body) {
-  std::unique_ptr<mpi::Env> env;
+// body()'s exit code, or the exit code of the exception it threw (rank: for the error line).
+int guarded(const char* program, int rank, const std::function<int()>& body) {
   try {
-    env = std::make_unique<mpi::Env>(&argc, &argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: error: %s\n", program, one_line(e.what()).c_str());
-    return kExitFailure;
-  }
-  int rank = 0;
-  try {
-    mpi::MpiComm world;
-    rank = world.rank();
-    return body(world);
+    return body();
   } catch (const UsageError& e) {
     // Every rank parses the same argv: a usage error is reported once, by rank 0.
     if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", program, one_line(e.what()).c_str());
@@ -56,6 +44,33 @@ int run_mpi_program(const char* program, int& argc, char**& argv,
     report(program, rank, e.what());
     mpi::Env::abort(kExitFailure);
   }
+}
+
+}  // namespace
+
+int run_mpi_program(const char* program, int& argc, char**& argv,
+                    const std::function<int(mpi::MpiComm& world)>& body) {
+  std::unique_ptr<mpi::Env> env;
+  try {
+    env = std::make_unique<mpi::Env>(&argc, &argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", program, one_line(e.what()).c_str());
+    return kExitFailure;
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  return guarded(program, rank, [&] {
+    mpi::MpiComm world;
+    return body(world);
+  });
+}
+
+int run_program(const char* program, int& argc, char**& argv,
+                const std::function<int(Comm& world)>& body) {
+  if (mpi::launched())
+    return run_mpi_program(program, argc, argv, [&](mpi::MpiComm& world) { return body(world); });
+  SelfComm world;
+  return guarded(program, 0, [&] { return body(world); });
 }
 
 }  // namespace dp::app

@@ -15,4 +15,10 @@ namespace dp::app {
 int run_mpi_program(const char* program, int& argc, char**& argv,
                     const std::function<int(mpi::MpiComm& world)>& body);
 
+// As run_mpi_program where a launcher started the process (mpi::launched()); without one, body
+// runs on a world of one rank (SelfComm) and MPI is never started: MPI_Init alone is a fifth of
+// the start-up of a dppredict command on one photograph.
+int run_program(const char* program, int& argc, char**& argv,
+                const std::function<int(Comm& world)>& body);
+
 }  // namespace dp::app

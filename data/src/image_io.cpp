@@ -467,7 +467,8 @@ Image decode_bmp(const std::vector<uint8_t>& bytes, const std::string& path, Pix
 
 // The PNG file's bytes; `path` names the destination in messages.
 std::vector<uint8_t> png_bytes(const std::string& path, const void* pixels, int width, int height,
-                               int channels, bool sixteen_bit) {
+                               int channels, bool sixteen_bit,
+                               PngEffort effort = PngEffort::kDefault) {
   DP_CHECK(channels >= 1 && channels <= kRgbaChannels, "writing PNG '", path, "': ", channels,
            " channels, expected 1 to 4");
   check_size(width, height, path);
@@ -477,6 +478,7 @@ std::vector<uint8_t> png_bytes(const std::string& path, const void* pixels, int 
   static constexpr png_uint_32 kFormats[] = {PNG_FORMAT_GRAY, PNG_FORMAT_GA, PNG_FORMAT_RGB,
                                              PNG_FORMAT_RGBA};
   png->format = kFormats[channels - 1] | (sixteen_bit ? PNG_FORMAT_FLAG_LINEAR : 0u);
+  if (effort == PngEffort::kFast) png->flags |= PNG_IMAGE_FLAG_FAST;
   // Encoded once into libpng's bound on the size (asking for the size first would compress twice).
   png_alloc_size_t size = PNG_IMAGE_PNG_SIZE_MAX(*png.get());
   std::vector<uint8_t> bytes(size);
@@ -589,8 +591,9 @@ void write_png(const std::string& path, const uint8_t* pixels, int width, int he
   encode_png(path, pixels, width, height, channels, false);
 }
 
-std::vector<uint8_t> encode_png(const uint8_t* pixels, int width, int height, int channels) {
-  return png_bytes("(in memory)", pixels, width, height, channels, false);
+std::vector<uint8_t> encode_png(const uint8_t* pixels, int width, int height, int channels,
+                                PngEffort effort) {
+  return png_bytes("(in memory)", pixels, width, height, channels, false, effort);
 }
 
 std::vector<uint8_t> encode_png16(const uint16_t* pixels, int width, int height, int channels) {

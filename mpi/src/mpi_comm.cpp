@@ -36,14 +36,17 @@ void throw_mpi_error(int status, const char* call, const char* file, int line) {
        " (", file, ":", line, ")");
 }
 
+bool launched() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") ||
+         std::getenv("PMI_RANK") || std::getenv("PMI_SIZE");
+}
+
 Env::Env(int* argc, char*** argv) {
-  // A process started without a launcher (dppredict on a few photographs) is an Open MPI
-  // singleton. By default it forks a daemon of its own for MPI_Comm_spawn and probes UCX's
-  // devices for peers it will never have: 0.3 s of every such command (0.04 s without). The
-  // launchers' variables say only whether there is one (ranks come from MPI); the user's
-  // settings win, and other MPIs ignore these.
-  if (!std::getenv("OMPI_COMM_WORLD_SIZE") && !std::getenv("PMIX_RANK") &&
-      !std::getenv("PMI_RANK") && !std::getenv("PMI_SIZE")) {
+  // A process started without a launcher (dptrain on one process) is an Open MPI singleton. By
+  // default it forks a daemon of its own for MPI_Comm_spawn and probes UCX's devices for peers it
+  // will never have: 0.3 s of every such command (0.04 s without). The user's settings win, and
+  // other MPIs ignore these.
+  if (!launched()) {
     setenv("OMPI_MCA_ess_singleton_isolated", "1", 0);
     setenv("OMPI_MCA_pml", "ob1", 0);
   }
@@ -75,8 +78,13 @@ void Env::drain_output() {
 void Env::abort(int code) {
   int initialized = 0;
   MPI_Initialized(&initialized);
+  if (!initialized) {  // a process of its own (dppredict without a launcher): nothing to forward
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::exit(code);
+  }
   drain_output();
-  if (initialized) MPI_Abort(MPI_COMM_WORLD, code);
+  MPI_Abort(MPI_COMM_WORLD, code);
   std::exit(code);
 }
 

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 
@@ -49,8 +50,8 @@ std::string mpi(int np, const std::string& binary, const std::string& args) {
   return std::string(DP_MPIEXEC) + " -n " + std::to_string(np) + " " + binary + " " + args;
 }
 
-// dppredict without mpiexec (an MPI singleton). Open MPI keeps allocations until exit, so in the
-// sanitizer build the leak check is off for it, as DP_MPIEXEC's -x does for ranks it starts.
+// dppredict without mpiexec: a world of one that never starts MPI (app::run_program). The leak
+// check stays off for it, as DP_MPIEXEC's -x does for ranks it starts, for MPI's libraries.
 std::string alone() {
   return std::string("ASAN_OPTIONS=detect_leaks=0 ") + DP_DPPREDICT;
 }
@@ -720,6 +721,37 @@ TEST_F(Predict, ImagesOfAnySizeAndFormatGiveMasksOfTheirSize) {
 
 // --device cuda where no GPU can run (a build without CUDA, or no GPU visible): one usage error
 // line naming the option (and, with CUDA built in, the runtime's reason), from every rank count.
+// Started without a launcher, dppredict does not start MPI (a fifth of a one-photograph
+// command's start-up), and predicts what one rank under mpiexec predicts. The proof: settings
+// that make MPI_Init fail in Open MPI (an unknown PML) and in MPICH over UCX (an unknown
+// transport) fail dptrain, which always starts MPI, and leave dppredict alone untouched.
+TEST_F(Predict, WithoutALauncherMpiIsNotStarted) {
+  const std::string in = dir_->file("alone_in"), out1 = dir_->file("alone_mpi");
+  const std::string out0 = dir_->file("alone_self");
+  std::filesystem::create_directories(in);
+  const data::Image img = test_image(100, 70, 5);
+  data::write_png(in + "/a.png", img.pixels.data(), 100, 70, 3);
+  const std::string no_mpi = "OMPI_MCA_pml=dp_no_such_pml UCX_TLS=dp_no_such_transport ";
+  const auto control = test::run_command(no_mpi + "timeout -s KILL 20 " + DP_DPTRAIN + " --help");
+  ASSERT_NE(control.status, 0) << "these settings no longer stop MPI_Init:\n" << control.output;
+
+  const auto alone_run = test::run_command(no_mpi + alone() + " -c " + checkpoint_ + " -o " + out0 +
+                                           " --save-prob --prob-format tiff32 " + in);
+  ASSERT_EQ(alone_run.status, 0) << alone_run.output;
+  EXPECT_NE(alone_run.output.find("1 image(s) on 1 rank(s)"), std::string::npos)
+      << alone_run.output;
+  const auto mpi_run =
+      test::run_command(dppredict(1, "-o " + out1 + " --save-prob --prob-format tiff32 " + in));
+  ASSERT_EQ(mpi_run.status, 0) << mpi_run.output;
+  for (const char* file : {"/masks/a.png", "/prob/a.tif"}) {
+    std::ifstream a(out0 + file, std::ios::binary), b(out1 + file, std::ios::binary);
+    const std::string bytes_a((std::istreambuf_iterator<char>(a)), {});
+    const std::string bytes_b((std::istreambuf_iterator<char>(b)), {});
+    EXPECT_FALSE(bytes_a.empty()) << file;
+    EXPECT_EQ(bytes_a, bytes_b) << file;
+  }
+}
+
 TEST_F(Predict, DeviceCudaWithoutAGpuIsOneUsageError) {
 #ifdef DP_WITH_CUDA
   if (cuda::visible_device_count() > 0)

@@ -92,6 +92,29 @@ TEST(ImageIo, JpegRoundTripIsCloseAndConvertsBetweenGrayAndRgb) {
   }
 }
 
+// PngEffort::kFast (dppredict's masks) is as exact as the default, and is a different encoding:
+// the flag reaches libpng.
+TEST(ImageIo, FastPngIsExactAndADifferentEncoding) {
+  test::TempDir dir;
+  const int w = 320, h = 240;
+  std::vector<uint8_t> mask(static_cast<size_t>(w) * h, 0);
+  for (int x = 0; x < w; ++x) {  // two crack-like lines, 3 px wide
+    for (int t = -1; t <= 1; ++t) {
+      mask[size_t((h / 3 + x / 4 + t) * w + x)] = 255;
+      mask[size_t((2 * h / 3 - x / 5 + t) * w + x)] = 255;
+    }
+  }
+  const auto slow = data::encode_png(mask.data(), w, h, 1);
+  const auto fast = data::encode_png(mask.data(), w, h, 1, data::PngEffort::kFast);
+  EXPECT_NE(slow, fast);
+  for (const auto* bytes : {&slow, &fast}) {
+    const std::string path = dir.file(bytes == &fast ? "fast.png" : "slow.png");
+    std::ofstream(path, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes->data()), std::streamsize(bytes->size()));
+    EXPECT_EQ(data::read_image(path, PixelFormat::kGray).pixels, mask) << path;
+  }
+}
+
 TEST(ImageIo, PngIsExactAndGrayRgba16BitAreConverted) {
   test::TempDir dir;
   const int w = 5, h = 3;

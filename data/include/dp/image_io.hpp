@@ -45,8 +45,13 @@ void write_jpeg(const std::string& path, const uint8_t* pixels, int width, int h
                 PixelFormat format, int quality);
 // Writes an 8-bit PNG with 1 (gray), 2 (gray+alpha), 3 (RGB) or 4 (RGBA) channels.
 void write_png(const std::string& path, const uint8_t* pixels, int width, int height, int channels);
+// How hard an encoder works: kDefault is libpng's (zlib level 6, a filter chosen per row); kFast
+// is its PNG_IMAGE_FLAG_FAST (no filters, a lower zlib level): for a binary mask of 3456x2304,
+// 5x faster (21 against 109 ms) for 9% more bytes.
+enum class PngEffort { kDefault, kFast };
 // The bytes of an 8-bit PNG file (1-4 channels as write_png), e.g. for a data: URI.
-std::vector<uint8_t> encode_png(const uint8_t* pixels, int width, int height, int channels);
+std::vector<uint8_t> encode_png(const uint8_t* pixels, int width, int height, int channels,
+                                PngEffort effort = PngEffort::kDefault);
 // The bytes of a 16-bit PNG file (1-4 channels), as write_png16 writes them.
 std::vector<uint8_t> encode_png16(const uint16_t* pixels, int width, int height, int channels);
 // Writes a 16-bit PNG (1-4 channels as above). libpng's simplified API stores 16-bit data as

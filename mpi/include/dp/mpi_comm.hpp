@@ -20,6 +20,11 @@ namespace dp::mpi {
 
 [[noreturn]] void throw_mpi_error(int status, const char* call, const char* file, int line);
 
+// True when a launcher started this process: mpirun/mpiexec (Open MPI, MPICH's Hydra) or srun
+// with PMI-2 or PMIx, by the variables each sets (OMPI_COMM_WORLD_SIZE, PMIX_RANK, PMI_RANK,
+// PMI_SIZE). They say only whether there is one; ranks come from MPI.
+bool launched();
+
 // Initialises MPI once (MPI_THREAD_MULTIPLE where provided, at least FUNNELED) and finalises it on
 // destruction; errors return codes (MPI_ERRORS_RETURN) so they become dp::Error instead of silent
 // aborts.
