@@ -4,15 +4,18 @@
     python3 bench/inference_bench.py --python /tmp/pt/bin/python [--checkpoint CKPT]
         [--threads 1 2] [--precision fp32 bf16] [--sizes 3456x2304 1024x768] [--repeats 3]
         [--isa native|avx2|...] [--engines dppredict torch ort] [--cpu-conv direct] [--work DIR]
+        [--folder N]
     python3 bench/inference_bench.py --python /tmp/pt/bin/python --check-only   # agreement only
 
 Each synthetic photograph (a deterministic JPEG with crack-like lines, made here; sizes are
 WIDTHxHEIGHT) is predicted whole, in tiles of the checkpoint's training size overlapping by
 dppredict's default (a quarter of the smaller tile side), by three engines:
 
-- dppredict: the whole command is timed (process start, MPI init, checkpoint, the timing of its
-  kernel candidates at first use where --cpu-conv auto is asked for, JPEG decode, tiling,
-  network, blending, mask PNG encode); threads through OMP_NUM_THREADS, `--precision`.
+- dppredict: the whole command is timed (process start, checkpoint, the timing of its kernel
+  candidates at first use where --cpu-conv auto is asked for, JPEG decode, tiling, network,
+  blending, mask PNG encode); threads through OMP_NUM_THREADS, `--precision`. With --folder N,
+  also one command on a folder of N copies of the photograph (an inspection run: start-up once),
+  per photograph.
 - PyTorch: tools/reference/models.py with the checkpoint's weights (its averaged ones where it has
   them, as dppredict), eval, torch.inference_mode, channels_last, torch.set_num_threads; bf16 as
   torch.autocast("cpu", torch.bfloat16). Input normalised by the checkpoint's recorded statistics
@@ -423,6 +426,17 @@ def peer_env(args, env):
     return dict(env, LD_PRELOAD=shim, CPUID_CAP=args.isa)
 
 
+def photo_folder(photo, n):
+    """A folder beside `photo` holding n hard links to it (n photographs to dppredict)."""
+    folder = os.path.splitext(photo)[0] + f"_x{n}"
+    os.makedirs(folder, exist_ok=True)
+    for i in range(n):
+        link = os.path.join(folder, f"{i:03d}.jpg")
+        if not os.path.exists(link):
+            os.link(photo, link)
+    return folder
+
+
 class Bench:
     def __init__(self, args, work, env):
         self.args, self.env = args, env
@@ -490,6 +504,9 @@ def main():
     ap.add_argument("--precision", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"],
                     help="bf16 runs only where the CPU has AVX512-BF16 or AMX")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--folder", type=int, default=0, metavar="N",
+                    help="also time dppredict on a folder of N copies of each photograph (one "
+                         "command, as an inspection run), per photograph")
     ap.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     ap.add_argument("--isa", choices=list(ISAS), default="native",
                     help="cap every engine's oneDNN (and ATen) ISA, as compare_pytorch.py")
@@ -593,9 +610,13 @@ def run(args, work):
                     if (threads, precision) not in startup:
                         startup[threads, precision] = bench.dppredict_times(single, threads,
                                                                             precision)[0]
-                    rows.append(dict(case, engine="dppredict", seconds=seconds,
-                                     mpx_s=mpx / seconds, rss=rss,
-                                     startup=startup[threads, precision]))
+                    row = dict(case, engine="dppredict", seconds=seconds, mpx_s=mpx / seconds,
+                               rss=rss, startup=startup[threads, precision])
+                    if args.folder > 1:
+                        folder = photo_folder(photos[size], args.folder)
+                        row["folder_seconds"] = bench.dppredict_times(
+                            folder, threads, precision)[0] / args.folder
+                    rows.append(row)
                 for engine in peers:
                     if engine == "ort" and precision != "fp32":
                         continue
@@ -657,15 +678,21 @@ def report(args, rows, agreement, versions, notes, model, flags, sizes, s):
             if best:
                 net = r["seconds"] - r["startup"]
                 ratio = f"{r['mpx_s'] / best:.2f}x"
+                mpx = r["size"][0] * r["size"][1] / 1e6
                 if net > 0:
-                    mpx = r["size"][0] * r["size"][1] / 1e6
                     ratio += f" ({mpx / net / best:.2f}x without start-up)"
+                if "folder_seconds" in r:
+                    ratio += (f"; a folder of {args.folder}: {mpx / r['folder_seconds']:.2f} "
+                              f"Mpx/s, {mpx / r['folder_seconds'] / best:.2f}x")
         print(f"| {ENGINE_NAMES[r['engine']]} | {r['size'][0]}x{r['size'][1]} | "
               f"{r['threads']} | {r['precision']} | {r['seconds']:.3f} | {r['mpx_s']:.2f} | "
               f"{r['rss'] / 2**20:.0f} | {r['startup']:.2f} | {ratio} |")
     print()
+    folder = (f" A folder of {args.folder}: one dppredict command on {args.folder} copies of the "
+              f"photograph, its median time / {args.folder}." if args.folder > 1 else "")
     print(f"seconds: median of {args.repeats} after one warm-up. dppredict: the whole command "
-          f"(start-up included); start-up: its whole command on a one-tile photograph. Peers: one "
+          f"(start-up included); start-up: its whole command on a one-tile photograph.{folder} "
+          f"Peers: one "
           f"photograph in a warm process (decode, tiling, network, blending, mask PNG); start-up: "
           f"imports, weights/session and the first photograph's extra time. Load average at the "
           f"end {os.getloadavg()[0]:.1f}.")
