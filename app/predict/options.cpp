@@ -82,7 +82,9 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
       "pixel-size", po::value(&o.pixel_size_mm),
       "millimetres per pixel: the measurements also in mm (columns *_mm, area_mm2)")(
       "min-crack-px", po::value(&o.min_crack_px)->default_value(o.min_crack_px),
-      "components of fewer pixels are specks, not cracks")(
+      "8-connected components of fewer pixels are specks, not cracks: cleared from the masks "
+      "(and so from the overlays, the mask scores of --dataset and the measurements; 1 keeps "
+      "every pixel above the threshold)")(
       "per-image", po::value(&o.per_image),
       "with --dataset: write this CSV file, one row of scores per sample (source file and tile "
       "position where dpprep stored them, pixel counts, IoU, F1, precision, recall, clDice, the "

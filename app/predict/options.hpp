@@ -39,7 +39,7 @@ struct PredictOptions {
   bool measure = false;
   bool measure_only = false;  // the inputs are masks (> 127: crack): measured, no checkpoint
   double pixel_size_mm = 0;   // --pixel-size: millimetres per pixel; 0: pixels only
-  int64_t min_crack_px = 16;  // smaller 8-connected components are specks, not cracks
+  int64_t min_crack_px = 32;  // smaller 8-connected components are specks: cleared, not measured
   std::string per_image;      // --dataset: a CSV with one row of scores per sample
 
   bool from_dataset() const { return !dataset.empty(); }

@@ -477,6 +477,9 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     const size_t pixels = size_t(w) * size_t(h);
     std::vector<uint8_t> mask(pixels);
     for (size_t i = 0; i < pixels; ++i) mask[i] = prob[i] > mask_threshold ? kMaskOn : 0;
+    // The mask's scores, files and measurements are of its cracks; ODS, OIS and AP (the sweep
+    // below) are of the probabilities.
+    data::erase_specks(mask.data(), h, w, o.min_crack_px);
     const std::string file = inputs[id].name + ".png";
     if (!o.out.empty()) {
       // Binary: no filter helps, and the default effort was a tenth of a large photograph's time.

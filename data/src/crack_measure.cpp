@@ -84,6 +84,35 @@ void distance_to_background(const uint8_t* mask, int height, int width, float* d
   }
 }
 
+int64_t erase_specks(uint8_t* mask, int height, int width, int64_t min_px) {
+  DP_CHECK(height >= 0 && width >= 0, "erase_specks: image size ", height, " x ", width);
+  const size_t w = size_t(width), n = w * size_t(height);
+  std::vector<uint8_t> seen(n, 0);
+  std::vector<size_t> component;  // the pixels of the component being filled, then a stack
+  int64_t cleared = 0;
+  for (size_t start = 0; start < n; ++start) {
+    if (mask[start] == 0 || seen[start] != 0) continue;
+    component.assign(1, start);
+    seen[start] = 1;
+    for (size_t next = 0; next < component.size(); ++next) {  // breadth-first fill
+      const size_t p = component[next];
+      const int py = int(p / w), px = int(p % w);
+      for (int dy = -1; dy <= 1; ++dy) {
+        for (int dx = -1; dx <= 1; ++dx) {
+          const int qy = py + dy, qx = px + dx;
+          if (qy < 0 || qy >= height || qx < 0 || qx >= width) continue;
+          const size_t q = size_t(qy) * w + size_t(qx);
+          if (mask[q] != 0 && seen[q] == 0) seen[q] = 1, component.push_back(q);
+        }
+      }
+    }
+    if (int64_t(component.size()) >= min_px) continue;
+    for (const size_t p : component) mask[p] = 0;
+    cleared += int64_t(component.size());
+  }
+  return cleared;
+}
+
 CrackMeasurer::CrackMeasurer(int64_t min_crack_px) : min_crack_px_(min_crack_px) {
   DP_CHECK(min_crack_px >= 1, "CrackMeasurer: min_crack_px ", min_crack_px, " (expected >= 1)");
 }

@@ -169,6 +169,43 @@ TEST(CrackMeasure, SeparateCracksWidestPointAndSpecks) {
   EXPECT_THROW(data::CrackMeasurer(0), Error);
 }
 
+// erase_specks against the measurer's own labelling, on random masks: what stays is exactly the
+// components of at least min_px pixels (8-connected: diagonal neighbours join), values kept.
+TEST(CrackMeasure, EraseSpecksKeepsExactlyTheComponentsOfAtLeastMinPixels) {
+  const int h = 48, w = 64;
+  uint64_t s = 7;
+  for (const int min_px : {2, 5, 20}) {
+    std::vector<uint8_t> mask(size_t(h) * w, 0);
+    for (uint8_t& v : mask) {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      v = (s >> 58) < 19 ? 200 : 0;  // 30% crack: many small components, some large
+    }
+    data::CrackMeasurer every(1);
+    int64_t big = 0, small = 0, big_components = 0;
+    for (const data::Crack& c : every.measure(mask.data(), h, w)) {
+      (c.area_px >= min_px ? big : small) += c.area_px;
+      big_components += c.area_px >= min_px;
+    }
+    ASSERT_GT(small, 0);
+    ASSERT_GT(big_components, 0);
+    std::vector<uint8_t> erased = mask;
+    EXPECT_EQ(data::erase_specks(erased.data(), h, w, min_px), small) << min_px;
+    int64_t left = 0;
+    for (size_t i = 0; i < mask.size(); ++i) {
+      ASSERT_TRUE(erased[i] == 0 || erased[i] == mask[i]) << i;
+      left += erased[i] != 0;
+    }
+    EXPECT_EQ(left, big);
+    const auto& after = every.measure(erased.data(), h, w);
+    EXPECT_EQ(int64_t(after.size()), big_components);
+    for (const data::Crack& c : after) EXPECT_GE(c.area_px, min_px);
+  }
+  std::vector<uint8_t> diagonal = {255, 0, 0, 255};  // 2x2: one component of 2 pixels
+  EXPECT_EQ(data::erase_specks(diagonal.data(), 2, 2, 2), 0);
+  EXPECT_EQ(data::erase_specks(diagonal.data(), 2, 2, 3), 2);
+  EXPECT_EQ(diagonal, std::vector<uint8_t>(4, 0));
+}
+
 std::string golden_path() {
   return std::string(DP_GOLDEN_DIR) + "/crack_measure.h5";
 }

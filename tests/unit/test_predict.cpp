@@ -14,6 +14,7 @@
 
 #include "dp/checkpoint.hpp"
 #include "dp/comm.hpp"
+#include "dp/crack_measure.hpp"
 #include "dp/dataset.hpp"
 #include "dp/image_io.hpp"
 #include "dp/loader.hpp"
@@ -445,7 +446,9 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   //    the validation files split across two ranks, the sums printed by rank 0.
   const CheckpointMeta meta = read_checkpoint_meta(checkpoint_);
   ASSERT_EQ(meta.valid_iou.size(), 1u);
-  auto r = test::run_command(dppredict(2, "--dataset " + data_ + " -q --threshold 0.5"));
+  // Specks are not cleared from the masks here (--min-crack-px 1): the trainer scores raw masks.
+  auto r = test::run_command(
+      dppredict(2, "--dataset " + data_ + " -q --threshold 0.5 --min-crack-px 1"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(r.output, "metrics on"), 1) << r.output;  // rank 0 only
   EXPECT_NE(r.output.find("(8 images, 32768 pixels, threshold 0.5)"), std::string::npos)
@@ -454,8 +457,8 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   // Winograd kernels (oneDNN's on AVX-512, else the backend's own on GEMMs) change only the last
   // bits of the logits: the same IoU but for a pixel within rounding of the threshold.
   const std::string winograd = cpu_winograd_support().empty() ? "winograd" : "gemm-winograd";
-  r = test::run_command(
-      dppredict(2, "--dataset " + data_ + " -q --threshold 0.5 --cpu-conv " + winograd));
+  r = test::run_command(dppredict(
+      2, "--dataset " + data_ + " -q --threshold 0.5 --min-crack-px 1 --cpu-conv " + winograd));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NEAR(printed(r.output, "iou"), meta.valid_iou[0], 0.02) << r.output;
 
@@ -466,13 +469,16 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   app::Predictor predictor(checkpoint_, {});
   const data::Dataset val(data_, "val");
   std::vector<float> probs;
+  std::vector<uint8_t> truth;
   for (int64_t i = 0; i < val.size(); ++i) {
     data::Image img{kSize, kSize, 3, std::vector<uint8_t>(kSize * kSize * 3)};
     std::vector<uint8_t> mask(kSize * kSize);
     val.read(i, img.pixels.data(), mask.data());
     const std::vector<float> p = predictor.predict(img);
     probs.insert(probs.end(), p.begin(), p.end());
+    truth.insert(truth.end(), mask.begin(), mask.end());
   }
+  const std::vector<float> by_image = probs;
   std::sort(probs.begin(), probs.end());
   size_t k = probs.size() * 9 / 10;
   while (k + 1 < probs.size() && probs[k + 1] - probs[k] < kThresholdGap) ++k;
@@ -500,6 +506,7 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   o.threshold_rule = app::PredictOptions::ThresholdRule::kValue;
   o.threshold = threshold;
   o.quiet = true;
+  o.min_crack_px = 1;
   app::SegmentationMetrics m;
   ASSERT_EQ(app::run_predict(o, self, Logger(1), &m), 0);
   EXPECT_EQ(m.images, 8);
@@ -518,13 +525,36 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   EXPECT_NEAR(m.sweep.ap, validation.ap, kSweepTol);
   EXPECT_NEAR(m.dice(), 2.0 * double(m.tp) / double(std::max<int64_t>(1, 2 * m.tp + m.fp + m.fn)),
               1e-12);
-  r = test::run_command(
-      dppredict(2, "--dataset " + data_ + " -q --threshold " + str_cat_exact(threshold)));
+  r = test::run_command(dppredict(
+      2, "--dataset " + data_ + " -q --min-crack-px 1 --threshold " + str_cat_exact(threshold)));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NEAR(printed(r.output, "iou"), validation.iou, kIouTol) << r.output;
   EXPECT_NEAR(printed(r.output, "precision"), m.precision(), kIouTol) << r.output;
   EXPECT_NEAR(printed(r.output, "recall"), m.recall(), kIouTol) << r.output;
   EXPECT_NEAR(printed(r.output, "ap"), m.sweep.ap, 1e-7) << r.output;  // 2 ranks: the same
+
+  // 3. At the default --min-crack-px the mask scores are those of the masks with their specks
+  //    cleared (data::erase_specks of each image's thresholded probabilities); the sweep is not.
+  o.min_crack_px = app::PredictOptions{}.min_crack_px;
+  app::SegmentationMetrics cleaned;
+  ASSERT_EQ(app::run_predict(o, self, Logger(1), &cleaned), 0);
+  int64_t tp = 0, fp = 0, fn = 0;
+  for (int64_t i = 0; i < val.size(); ++i) {
+    std::vector<uint8_t> mask(kSize * kSize);
+    const size_t at = size_t(i) * kSize * kSize;
+    for (size_t j = 0; j < mask.size(); ++j) mask[j] = by_image[at + j] > threshold ? 255 : 0;
+    data::erase_specks(mask.data(), kSize, kSize, o.min_crack_px);
+    for (size_t j = 0; j < mask.size(); ++j) {
+      tp += mask[j] && truth[at + j];
+      fp += mask[j] && !truth[at + j];
+      fn += !mask[j] && truth[at + j];
+    }
+  }
+  EXPECT_LT(cleaned.tp + cleaned.fp, m.tp + m.fp);  // specks were found and cleared
+  EXPECT_EQ(cleaned.tp, tp);
+  EXPECT_EQ(cleaned.fp, fp);
+  EXPECT_EQ(cleaned.fn, fn);
+  EXPECT_EQ(cleaned.sweep.ap, m.sweep.ap);
 }
 
 // --precision bf16: the probabilities of the fp32 model with bf16 activations differ from fp32's

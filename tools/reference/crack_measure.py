@@ -157,7 +157,7 @@ def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap.add_argument("--out", default=os.path.join(here, "..", "..", "tests", "golden"))
     ap.add_argument("--check", nargs="+", metavar=("CSV", "MASK"))
-    ap.add_argument("--min-crack-px", type=int, default=16, help="as given to dppredict")
+    ap.add_argument("--min-crack-px", type=int, default=32, help="as given to dppredict")
     args = ap.parse_args()
     if args.check:
         check(args.check[0], args.check[1:], args.min_crack_px)

@@ -14,6 +14,11 @@ namespace dp::data {
 // lower envelope of parabolas, along columns and then along rows.
 void distance_to_background(const uint8_t* mask, int height, int width, float* distance);
 
+// Clears (sets to 0) every 8-connected component of `mask` (height x width, 0 = background,
+// nonzero = crack) with fewer than min_px pixels, the specks of a thresholded prediction; other
+// pixels keep their values. Returns the number of pixels cleared.
+int64_t erase_specks(uint8_t* mask, int height, int width, int64_t min_px);
+
 // One crack: an 8-connected component of crack pixels.
 //   length: the skeleton's (dp::data::skeletonize, as scikit-image's) length estimated from its
 //     steps by Vossepoel and Smeulders' corner count (CGIP 20, 1982): 0.980 per orthogonal step,
