@@ -52,6 +52,19 @@ void squared_distance_1d(const double* f, int n, double* d, int* v, double* z) {
   }
 }
 
+// Calls f(q) for every 8-neighbour q of pixel p inside a height x width image (row-major).
+template <typename F>
+void for_each_neighbour(size_t p, int width, int height, F&& f) {
+  const int py = int(p / size_t(width)), px = int(p % size_t(width));
+  for (int dy = -1; dy <= 1; ++dy) {
+    for (int dx = -1; dx <= 1; ++dx) {
+      const int qy = py + dy, qx = px + dx;
+      if ((dy != 0 || dx != 0) && qy >= 0 && qy < height && qx >= 0 && qx < width)
+        f(size_t(qy) * size_t(width) + size_t(qx));
+    }
+  }
+}
+
 }  // namespace
 
 void distance_to_background(const uint8_t* mask, int height, int width, float* distance) {
@@ -88,23 +101,16 @@ int64_t erase_specks(uint8_t* mask, int height, int width, int64_t min_px) {
   DP_CHECK(height >= 0 && width >= 0, "erase_specks: image size ", height, " x ", width);
   const size_t w = size_t(width), n = w * size_t(height);
   std::vector<uint8_t> seen(n, 0);
-  std::vector<size_t> component;  // the pixels of the component being filled, then a stack
+  std::vector<size_t> component;  // the component being filled, in breadth-first order
   int64_t cleared = 0;
   for (size_t start = 0; start < n; ++start) {
     if (mask[start] == 0 || seen[start] != 0) continue;
     component.assign(1, start);
     seen[start] = 1;
     for (size_t next = 0; next < component.size(); ++next) {  // breadth-first fill
-      const size_t p = component[next];
-      const int py = int(p / w), px = int(p % w);
-      for (int dy = -1; dy <= 1; ++dy) {
-        for (int dx = -1; dx <= 1; ++dx) {
-          const int qy = py + dy, qx = px + dx;
-          if (qy < 0 || qy >= height || qx < 0 || qx >= width) continue;
-          const size_t q = size_t(qy) * w + size_t(qx);
-          if (mask[q] != 0 && seen[q] == 0) seen[q] = 1, component.push_back(q);
-        }
-      }
+      for_each_neighbour(component[next], width, height, [&](size_t q) {
+        if (mask[q] != 0 && seen[q] == 0) seen[q] = 1, component.push_back(q);
+      });
     }
     if (int64_t(component.size()) >= min_px) continue;
     for (const size_t p : component) mask[p] = 0;
@@ -138,14 +144,9 @@ const std::vector<Crack>& CrackMeasurer::measure(const uint8_t* mask, int height
       const int py = int(p / w), px = int(p % w);
       ++c.area_px;
       x0 = std::min(x0, px), x1 = std::max(x1, px), y0 = std::min(y0, py), y1 = std::max(y1, py);
-      for (int dy = -1; dy <= 1; ++dy) {
-        for (int dx = -1; dx <= 1; ++dx) {
-          const int qy = py + dy, qx = px + dx;
-          if (qy < 0 || qy >= height || qx < 0 || qx >= width) continue;
-          const size_t q = size_t(qy) * w + size_t(qx);
-          if (mask[q] != 0 && label_[q] == 0) label_[q] = id, stack_.push_back(int64_t(q));
-        }
-      }
+      for_each_neighbour(p, width, height, [&](size_t q) {
+        if (mask[q] != 0 && label_[q] == 0) label_[q] = id, stack_.push_back(int64_t(q));
+      });
     }
     if (c.area_px < min_crack_px_) {
       kept.push_back(0);
