@@ -1,4 +1,4 @@
-// run_mpi_program: the main() shared by dptrain and dppredict.
+// run_mpi_program (dptrain) and run_program (dppredict): their main(), MPI start-up and exit codes.
 #include "mpi_main.hpp"
 
 #include <algorithm>
