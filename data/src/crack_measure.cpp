@@ -99,7 +99,8 @@ void distance_to_background(const uint8_t* mask, int height, int width, float* d
 
 int64_t erase_specks(uint8_t* mask, int height, int width, int64_t min_px) {
   DP_CHECK(height >= 0 && width >= 0, "erase_specks: image size ", height, " x ", width);
-  const size_t w = size_t(width), n = w * size_t(height);
+  if (min_px <= 1) return 0;  // every component has a pixel: no scan, no scratch
+  const size_t n = size_t(width) * size_t(height);
   std::vector<uint8_t> seen(n, 0);
   std::vector<size_t> component;  // the component being filled, in breadth-first order
   int64_t cleared = 0;

@@ -78,13 +78,12 @@ void Env::drain_output() {
 void Env::abort(int code) {
   int initialized = 0;
   MPI_Initialized(&initialized);
-  if (!initialized) {  // a process of its own (dppredict without a launcher): nothing to forward
-    std::fflush(stdout);
-    std::fflush(stderr);
-    std::exit(code);
+  if (initialized) {  // else a process of its own (dppredict without a launcher)
+    drain_output();
+    MPI_Abort(MPI_COMM_WORLD, code);
   }
-  drain_output();
-  MPI_Abort(MPI_COMM_WORLD, code);
+  std::fflush(stdout);
+  std::fflush(stderr);
   std::exit(code);
 }
 
