@@ -77,7 +77,7 @@ def probe_isas(args, data, work, env):
                           "--width-divisor", "8", "--batch-size", "2", "--epochs", "1",
                           "--max-steps", "1", "--val-every", "1000000", "--model-dir", model_dir],
                          env=env, check=True, capture_output=True, text=True).stdout
-    m = re.search(r"device cpu \(oneDNN, ([^)]*)\)", out)
+    m = re.search(r"device cpu \(oneDNN[^,]*, ([^)]*)\)", out)
     dp_name = m.group(1) if m else "?"
     pt = subprocess.run([args.python, os.path.join(HERE, "pytorch_peer.py"), "--divisor", "8",
                          "--size", "128", "--batch", "1", "--warmup", "0", "--steps", "1"],

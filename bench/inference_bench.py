@@ -461,7 +461,7 @@ class Bench:
         wall, rss, out, err = run_measured(self.dppredict_cmd(image, precision, extra),
                                            dict(self.env, OMP_NUM_THREADS=str(threads)))
         m = re.search(r"tiles (\d+)x(\d+), overlap (\d+)(?:, margin \d+)?, (\d+) per batch;.*"
-                      r"cpu \(oneDNN, ([^)]*)\)", out + err)
+                      r"cpu \(oneDNN[^,]*, ([^)]*)\)", out + err)
         if not m:
             raise SystemExit(f"dppredict printed no start-up line:\n{out}\n{err}")
         self.setup = dict(tile_h=int(m.group(1)), tile_w=int(m.group(2)),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install, build (warnings are errors; the CUDA backend too where CUDA is installed) and run every
-# test (with build/venv for the tests that read outputs with PyPI packages), then the MPICH half.
+# test (with build/venv for the tests that read outputs with PyPI packages), then the MPICH half
+# and the oneDNN 3 half.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
@@ -13,4 +14,10 @@ ctest --preset "${DP_PRESET:-default}" -j "$(nproc)" --timeout 600
 if [[ ${DP_MPICH:-1} != 0 && -z ${DP_PRESET:-} ]]; then
   DP_PRESET=mpich bash scripts/build.sh
   ctest --preset mpich -j "$(nproc)" --timeout 600
+fi
+# The oneDNN 3 half (DP_ONEDNN3=0 skips it): the CPU backend built on oneDNN 3.2 (its 3.x API, and
+# the brgconv AVX2 kernels that 2.x lacks) in build/onednn3, and every unit test run on it.
+if [[ ${DP_ONEDNN3:-1} != 0 && -z ${DP_PRESET:-} ]]; then
+  DP_PRESET=onednn3 bash scripts/build.sh
+  ctest --preset onednn3 -L unit -j "$(nproc)" --timeout 600
 fi

@@ -365,7 +365,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   const std::string device_name =
       device.gpu() ? str_cat("GPU ", device.gpu_info().ordinal, " of ",
                              device.gpu_info().visible_count, " (", device.gpu_info().name, ")")
-                   : "cpu (oneDNN, " + cpu_isa_name() + ")";
+                   : "cpu (" + cpu_onednn_version() + ", " + cpu_isa_name() + ")";
   const ThreadChoice threads =
       choose_threads(0, ThreadEnvironment::of_this_process(comm.local_size()));
   omp_set_num_threads(threads.threads);

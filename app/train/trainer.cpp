@@ -178,8 +178,9 @@ void Trainer::choose_device() {
     const std::string kernels =
         cpu_conv_kernels(opt_.deterministic ? CpuConvAlgo::kDirect : parse_cpu_conv(opt_.cpu_conv));
     if (!bf16 && !kernels.empty()) convs += " (" + kernels + ")";
-    log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (oneDNN, ", cpu_isa_name(), "), ",
-              threads.threads, " thread(s) per rank (", threads.source, "), ", convs);
+    log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (", cpu_onednn_version(), ", ",
+              cpu_isa_name(), "), ", threads.threads, " thread(s) per rank (", threads.source,
+              "), ", convs);
   }
   const std::string nccl = device_->nccl_version();
   log_.info("preemption: ", signal_names(preemption_signals()),

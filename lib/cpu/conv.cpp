@@ -13,24 +13,6 @@
 namespace dp::cpu {
 namespace {
 
-dnnl::primitive_attr relu_attr(bool relu) {
-  dnnl::primitive_attr attr;
-  if (relu) {
-    dnnl::post_ops ops;
-    ops.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
-    attr.set_post_ops(ops);
-  }
-  return attr;
-}
-
-// Moves `pd` past the implementations whose name starts with `prefix` (oneDNN lists them fastest
-// first); dnnl_unimplemented when no other is left.
-template <typename Pd>
-void skip_impls(Pd& pd, const char* prefix) {
-  while (std::string(pd.impl_info_str()).rfind(prefix, 0) == 0)
-    if (!pd.next_impl()) throw dnnl::error(dnnl_unimplemented, "no other implementation");
-}
-
 // Builds the three primitives of a (de)convolution, or only the forward one (`forward_only`: an
 // inference model's, whose backward primitives would cost start-up time and never run). `Fwd`,
 // `BwdData`, `BwdWeights` are oneDNN's convolution_* or deconvolution_* classes, which share one
@@ -48,44 +30,38 @@ std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const D
   // read in the same type (a bf16 copy made by the weight reorder), weight gradients are fp32.
   const dt at = bf16 ? dt::bf16 : dt::f32;
   const memory::desc src_md = nhwc_md(src, at), dst_md = nhwc_md(dst, at);
-  const memory::desc any_w_md(user_w_md.dims(), at, tag::any);
-  const memory::desc any_dw_md(user_w_md.dims(), dt::f32, tag::any);
+  const memory::desc any_w_md(dims_of(user_w_md), at, tag::any);
+  const memory::desc any_dw_md(dims_of(user_w_md), dt::f32, tag::any);
   const memory::desc bias_md = has_bias ? memory::desc({dst.c}, dt::f32, tag::x) : memory::desc();
   const memory::dims strides{stride, stride}, padding{pad, pad};
 
-  typename Fwd::primitive_desc fwd_pd(
-      typename Fwd::desc(prop_kind::forward_training, alg, src_md, any_w_md, bias_md, dst_md,
-                         strides, padding, padding),
-      relu_attr(relu), eng);
-  // The backward descriptors outlive the primitive descriptors: oneDNN 2.6's implementation
-  // iterator keeps a pointer to its op descriptor, which skip_impls' next_impl() reads (with a
-  // temporary, skipping past jit_1x1 found no other implementation).
-  const typename BwdData::desc bwd_data_desc(alg, src_md, any_w_md, dst_md, strides, padding,
-                                             padding);
-  const typename BwdWeights::desc bwd_w_desc(alg, src_md, any_dw_md, bias_md, dst_md, strides,
-                                             padding, padding);
-  std::optional<typename BwdData::primitive_desc> bwd_data_pd;
-  std::optional<typename BwdWeights::primitive_desc> bwd_w_pd;
+  const auto fwd_desc =
+      fwd_pd<Fwd>(eng, alg, src_md, any_w_md, bias_md, dst_md, strides, padding, relu_attr(relu));
+  std::optional<typename BwdData::primitive_desc> bwd_data_desc;
+  std::optional<typename BwdWeights::primitive_desc> bwd_w_desc;
   if (!forward_only) {
-    bwd_data_pd.emplace(bwd_data_desc, eng, fwd_pd);
-    bwd_w_pd.emplace(bwd_w_desc, eng, fwd_pd);
+    bwd_data_desc.emplace(
+        bwd_data_pd<BwdData>(eng, alg, src_md, any_w_md, dst_md, strides, padding, fwd_desc));
     // oneDNN 2.6's jit_1x1 backward-weights kernel for a strided 1x1 convolution writes past its
     // scratchpad with 3 or more threads (measured: 1408 bytes past a 5376-byte scratchpad for
     // 2->4 channels, stride 2, 4 threads; whenever the input has fewer than 16 channels),
     // corrupting the heap: ResNet downsample convolutions take the next implementation instead.
-    if (user_w_md.dims()[2] == 1 && user_w_md.dims()[3] == 1 && stride > 1)
-      skip_impls(*bwd_w_pd, "jit_1x1");
+    const memory::dims k = dims_of(user_w_md);
+    const bool strided_1x1 = k[2] == 1 && k[3] == 1 && stride > 1;
+    bwd_w_desc.emplace(bwd_weights_pd<BwdWeights>(eng, alg, src_md, any_dw_md, bias_md, dst_md,
+                                                  strides, padding, fwd_desc, {},
+                                                  strided_1x1 ? "jit_1x1" : nullptr));
   }
   // One layout end to end: the activations must stay NHWC, never reordered.
-  DP_CHECK(fwd_pd.src_desc() == src_md && fwd_pd.dst_desc() == dst_md &&
-               (forward_only ||
-                (bwd_data_pd->diff_src_desc() == src_md && bwd_w_pd->diff_dst_desc() == dst_md)),
+  DP_CHECK(fwd_desc.src_desc() == src_md && fwd_desc.dst_desc() == dst_md &&
+               (forward_only || (bwd_data_desc->diff_src_desc() == src_md &&
+                                 bwd_w_desc->diff_dst_desc() == dst_md)),
            "oneDNN chose a non-NHWC activation layout for ", src.c, "->", dst.c, " channels");
 
   p->src.init(src_md, eng);
   p->dst.init(dst_md, eng);
-  p->w_fwd.init(eng, user_w_md, fwd_pd.weights_desc());
-  p->fwd = Exec(Fwd(fwd_pd));
+  p->w_fwd.init(eng, user_w_md, fwd_desc.weights_desc());
+  p->fwd = Exec(Fwd(fwd_desc));
   p->fwd.arg(DNNL_ARG_SRC, p->src.mem)
       .arg(DNNL_ARG_WEIGHTS, p->w_fwd.active())
       .arg(DNNL_ARG_DST, p->dst.mem);
@@ -97,17 +73,17 @@ std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const D
 
   p->diff_src.init(src_md, eng);
   p->diff_dst.init(dst_md, eng);
-  p->w_bwd.init(eng, user_w_md, bwd_data_pd->weights_desc());
+  p->w_bwd.init(eng, user_w_md, bwd_data_desc->weights_desc());
   p->diff_w_user.init(user_w_md, eng);
-  p->diff_w_reorder = bwd_w_pd->diff_weights_desc() != user_w_md;
-  if (p->diff_w_reorder) p->diff_w_internal.init(bwd_w_pd->diff_weights_desc(), eng);
+  p->diff_w_reorder = bwd_w_desc->diff_weights_desc() != user_w_md;
+  if (p->diff_w_reorder) p->diff_w_internal.init(bwd_w_desc->diff_weights_desc(), eng);
   const memory& dw = p->diff_w_reorder ? p->diff_w_internal.mem : p->diff_w_user.mem;
 
-  p->bwd_data = Exec(BwdData(*bwd_data_pd));
+  p->bwd_data = Exec(BwdData(*bwd_data_desc));
   p->bwd_data.arg(DNNL_ARG_DIFF_DST, p->diff_dst.mem)
       .arg(DNNL_ARG_WEIGHTS, p->w_bwd.active())
       .arg(DNNL_ARG_DIFF_SRC, p->diff_src.mem);
-  p->bwd_weights = Exec(BwdWeights(*bwd_w_pd));
+  p->bwd_weights = Exec(BwdWeights(*bwd_w_desc));
   p->bwd_weights.arg(DNNL_ARG_SRC, p->src.mem)
       .arg(DNNL_ARG_DIFF_DST, p->diff_dst.mem)
       .arg(DNNL_ARG_DIFF_WEIGHTS, dw);
@@ -120,14 +96,7 @@ std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const D
     p->diff_w_to_user.arg(DNNL_ARG_FROM, dw).arg(DNNL_ARG_TO, p->diff_w_user.mem);
   }
   if (relu) {
-    // ReLU backward from the forward output (the fused post-op kept no input), in place.
-    dnnl::eltwise_forward::primitive_desc hint(
-        dnnl::eltwise_forward::desc(prop_kind::forward_training,
-                                    algorithm::eltwise_relu_use_dst_for_bwd, dst_md, 0.0f),
-        eng);
-    p->relu_bwd = Exec(dnnl::eltwise_backward(dnnl::eltwise_backward::primitive_desc(
-        dnnl::eltwise_backward::desc(algorithm::eltwise_relu_use_dst_for_bwd, dst_md, dst_md, 0.0f),
-        eng, hint)));
+    p->relu_bwd = Exec(dnnl::eltwise_backward(relu_backward_pd(eng, dst_md)));
     p->relu_bwd.arg(DNNL_ARG_DST, p->dst.mem)
         .arg(DNNL_ARG_DIFF_DST, p->diff_dst.mem)
         .arg(DNNL_ARG_DIFF_SRC, p->diff_dst.mem);
@@ -148,34 +117,32 @@ std::unique_ptr<BlockedPrims> build_blocked(const dnnl::engine& eng, const ConvD
     return memory::desc({x.n, x.c, x.h, x.w}, dt::f32, tag::any);
   };
   const memory::desc src_md = any(d.src()), dst_md = any(d.dst());
-  const memory::desc w_md(user_w_md.dims(), dt::f32, tag::any);
+  const memory::desc w_md(dims_of(user_w_md), dt::f32, tag::any);
   const memory::desc bias_md = d.bias ? memory::desc({d.cout}, dt::f32, tag::x) : memory::desc();
   const memory::dims strides{1, 1}, padding{d.padding(), d.padding()};
   // Scratchpads are ours (in the copies scratch) so that their size is known and counted.
   dnnl::primitive_attr fwd_attr = relu_attr(d.relu), attr;
   fwd_attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  dnnl::convolution_forward::primitive_desc fwd_pd(
-      dnnl::convolution_forward::desc(prop_kind::forward_training, alg, src_md, w_md, bias_md,
-                                      dst_md, strides, padding, padding),
-      fwd_attr, eng);
+  const auto fwd_desc = fwd_pd<dnnl::convolution_forward>(eng, alg, src_md, w_md, bias_md, dst_md,
+                                                          strides, padding, fwd_attr);
   const auto reorder = [](const memory& from, const memory& to) {
     Exec e(dnnl::reorder(from, to));
     e.arg(DNNL_ARG_FROM, from).arg(DNNL_ARG_TO, to);
     return e;
   };
   const auto padded = [](const memory::desc& md) { return (md.get_size() + 63) / 64 * 64; };
-  w->src.init(fwd_pd.src_desc(), eng);
-  w->dst.init(fwd_pd.dst_desc(), eng);
+  w->src.init(fwd_desc.src_desc(), eng);
+  w->dst.init(fwd_desc.dst_desc(), eng);
   w->src_in = reorder(p.src.mem, w->src.mem);
   w->dst_out = reorder(w->dst.mem, p.dst.mem);
-  w->w_fwd.init(eng, user_w_md, fwd_pd.weights_desc());
-  w->src_bytes = padded(fwd_pd.src_desc());
-  w->mid_bytes = padded(fwd_pd.dst_desc());
-  w->pads[BlockedPrims::kFwd].init(fwd_pd.scratchpad_desc(), eng);
-  w->pad_bytes[BlockedPrims::kFwd] = padded(fwd_pd.scratchpad_desc());
+  w->w_fwd.init(eng, user_w_md, fwd_desc.weights_desc());
+  w->src_bytes = padded(fwd_desc.src_desc());
+  w->mid_bytes = padded(fwd_desc.dst_desc());
+  w->pads[BlockedPrims::kFwd].init(fwd_desc.scratchpad_desc(), eng);
+  w->pad_bytes[BlockedPrims::kFwd] = padded(fwd_desc.scratchpad_desc());
   Exec& fwd = w->prims[BlockedPrims::kFwd];
-  fwd = Exec(dnnl::convolution_forward(fwd_pd));
+  fwd = Exec(dnnl::convolution_forward(fwd_desc));
   fwd.arg(DNNL_ARG_SRC, w->src.mem)
       .arg(DNNL_ARG_WEIGHTS, w->w_fwd.active())
       .arg(DNNL_ARG_DST, w->dst.mem)
@@ -183,41 +150,38 @@ std::unique_ptr<BlockedPrims> build_blocked(const dnnl::engine& eng, const ConvD
   if (d.bias) fwd.arg(DNNL_ARG_BIAS, p.bias.mem);
   if (p.forward_only) return w;
 
-  dnnl::convolution_backward_data::primitive_desc bwd_data_pd(
-      dnnl::convolution_backward_data::desc(alg, src_md, w_md, dst_md, strides, padding, padding),
-      attr, eng, fwd_pd);
-  dnnl::convolution_backward_weights::primitive_desc bwd_w_pd(
-      dnnl::convolution_backward_weights::desc(alg, src_md, w_md, bias_md, dst_md, strides, padding,
-                                               padding),
-      attr, eng, fwd_pd);
+  const auto bwd_data_desc = bwd_data_pd<dnnl::convolution_backward_data>(
+      eng, alg, src_md, w_md, dst_md, strides, padding, fwd_desc, attr);
+  const auto bwd_w_desc = bwd_weights_pd<dnnl::convolution_backward_weights>(
+      eng, alg, src_md, w_md, bias_md, dst_md, strides, padding, fwd_desc, attr);
   // One blocked copy of the input serves forward and backward-weights (the data gradient takes
   // its place after), one of the output gradient both backward passes.
-  if (bwd_w_pd.src_desc() != fwd_pd.src_desc() ||
-      bwd_w_pd.diff_dst_desc() != bwd_data_pd.diff_dst_desc() ||
-      bwd_data_pd.diff_src_desc().get_size() > fwd_pd.src_desc().get_size())
+  if (bwd_w_desc.src_desc() != fwd_desc.src_desc() ||
+      bwd_w_desc.diff_dst_desc() != bwd_data_desc.diff_dst_desc() ||
+      bwd_data_desc.diff_src_desc().get_size() > fwd_desc.src_desc().get_size())
     throw dnnl::error(dnnl_unimplemented, "blocked passes disagree on activation layouts");
-  w->diff_dst.init(bwd_data_pd.diff_dst_desc(), eng);
-  w->diff_src.init(bwd_data_pd.diff_src_desc(), eng);
-  w->diff_w.init(bwd_w_pd.diff_weights_desc(), eng);
+  w->diff_dst.init(bwd_data_desc.diff_dst_desc(), eng);
+  w->diff_src.init(bwd_data_desc.diff_src_desc(), eng);
+  w->diff_w.init(bwd_w_desc.diff_weights_desc(), eng);
   w->diff_dst_in = reorder(p.diff_dst.mem, w->diff_dst.mem);
   w->diff_src_out = reorder(w->diff_src.mem, p.diff_src.mem);
   w->diff_w_out = reorder(w->diff_w.mem, p.diff_w_user.mem);
-  w->w_bwd.init(eng, user_w_md, bwd_data_pd.weights_desc());
-  w->mid_bytes = std::max(w->mid_bytes, padded(bwd_data_pd.diff_dst_desc()));
-  const memory::desc pads[3] = {fwd_pd.scratchpad_desc(), bwd_data_pd.scratchpad_desc(),
-                                bwd_w_pd.scratchpad_desc()};
+  w->w_bwd.init(eng, user_w_md, bwd_data_desc.weights_desc());
+  w->mid_bytes = std::max(w->mid_bytes, padded(bwd_data_desc.diff_dst_desc()));
+  const memory::desc pads[3] = {fwd_desc.scratchpad_desc(), bwd_data_desc.scratchpad_desc(),
+                                bwd_w_desc.scratchpad_desc()};
   for (int k : {BlockedPrims::kBwdData, BlockedPrims::kBwdWeights}) {
     w->pads[k].init(pads[k], eng);
     w->pad_bytes[k] = padded(pads[k]);
   }
   Exec& bwd_data = w->prims[BlockedPrims::kBwdData];
-  bwd_data = Exec(dnnl::convolution_backward_data(bwd_data_pd));
+  bwd_data = Exec(dnnl::convolution_backward_data(bwd_data_desc));
   bwd_data.arg(DNNL_ARG_DIFF_DST, w->diff_dst.mem)
       .arg(DNNL_ARG_WEIGHTS, w->w_bwd.active())
       .arg(DNNL_ARG_DIFF_SRC, w->diff_src.mem)
       .arg(DNNL_ARG_SCRATCHPAD, w->pads[BlockedPrims::kBwdData].mem);
   Exec& bwd_w = w->prims[BlockedPrims::kBwdWeights];
-  bwd_w = Exec(dnnl::convolution_backward_weights(bwd_w_pd));
+  bwd_w = Exec(dnnl::convolution_backward_weights(bwd_w_desc));
   bwd_w.arg(DNNL_ARG_SRC, w->src.mem)
       .arg(DNNL_ARG_DIFF_DST, w->diff_dst.mem)
       .arg(DNNL_ARG_DIFF_WEIGHTS, w->diff_w.mem)
@@ -288,11 +252,9 @@ std::unique_ptr<PackedConv> build_packed(const dnnl::engine& eng, const ConvDesc
   const memory::desc dst_md({d.n, cout, d.out_h(), d.out_w() / pixels}, dt::f32, tag::nhwc);
   const memory::desc user_w({cout, d.cin, 3, kw}, dt::f32, tag::oihw);
   const memory::desc bias_md({cout}, dt::f32, tag::x);
-  const dnnl::convolution_forward::primitive_desc pd(
-      dnnl::convolution_forward::desc(prop_kind::forward_training, algorithm::convolution_direct,
-                                      src_md, memory::desc(user_w.dims(), dt::f32, tag::any),
-                                      bias_md, dst_md, {1, pixels}, {1, 1}, {1, 1}),
-      relu_attr(d.relu), eng);
+  const auto pd = fwd_pd<dnnl::convolution_forward>(
+      eng, algorithm::convolution_direct, src_md, memory::desc(dims_of(user_w), dt::f32, tag::any),
+      bias_md, dst_md, {1, pixels}, {1, 1}, relu_attr(d.relu));
   DP_CHECK(pd.src_desc() == src_md && pd.dst_desc() == dst_md,
            "oneDNN chose a non-NHWC activation layout for the packed ", d.cin, "->", d.cout,
            " channels");
@@ -600,15 +562,17 @@ std::string cpu_winograd_support() {
     const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
     const cpu::memory::desc x({1, 16, 8, 8}, cpu::dt::f32, cpu::tag::any);
     const cpu::memory::desc w({16, 16, 3, 3}, cpu::dt::f32, cpu::tag::any);
-    dnnl::convolution_forward::primitive_desc(
-        dnnl::convolution_forward::desc(cpu::prop_kind::forward_training,
-                                        cpu::algorithm::convolution_winograd, x, w, x, {1, 1},
-                                        {1, 1}, {1, 1}),
-        eng);
+    cpu::fwd_pd<dnnl::convolution_forward>(eng, cpu::algorithm::convolution_winograd, x, w,
+                                           cpu::memory::desc(), x, {1, 1}, {1, 1});
     return {};
   } catch (const dnnl::error&) {
     return "oneDNN has no Winograd convolution on this CPU (it runs " + cpu_isa_name() +
+#if DNNL_VERSION_MAJOR >= 3
+           "; oneDNN " + std::to_string(DNNL_VERSION_MAJOR) + "." +
+           std::to_string(DNNL_VERSION_MINOR) + " has no fp32 Winograd training kernels)";
+#else
            "; oneDNN 2.x has Winograd kernels for AVX-512 only)";
+#endif
   }
 }
 

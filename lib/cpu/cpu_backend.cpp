@@ -381,10 +381,19 @@ std::string cpu_isa_name() {
       return "avx2";
     case cpu_isa::avx2_vnni:
       return "avx2_vnni";
+#if DNNL_VERSION_MAJOR >= 3
+    case cpu_isa::avx2_vnni_2:
+      return "avx2_vnni_2";
+    case cpu_isa::avx512_core_fp16:
+      return "avx512_core_fp16";
+    case cpu_isa::avx512_core_amx_fp16:
+      return "avx512_core_amx_fp16";
+#else
     case cpu_isa::avx512_mic:
       return "avx512_mic";
     case cpu_isa::avx512_mic_4ops:
       return "avx512_mic_4ops";
+#endif
     case cpu_isa::avx512_core:
       return "avx512_core";
     case cpu_isa::avx512_core_vnni:
@@ -399,6 +408,12 @@ std::string cpu_isa_name() {
   char text[32];
   std::snprintf(text, sizeof text, "oneDNN ISA 0x%x", static_cast<unsigned>(isa));
   return text;
+}
+
+std::string cpu_onednn_version() {
+  const dnnl_version_t* v = dnnl_version();
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch);
 }
 
 std::string cpu_bf16_support() {

@@ -1,11 +1,12 @@
-// oneDNN helpers for the CPU backend: bound memories, executions with pre-bound arguments,
-// weight reorders built once, and the oneDNN error check.
+// oneDNN helpers for the CPU backend: primitive descriptors on the 2.x and 3.x APIs alike, bound
+// memories, executions with pre-bound arguments, weight reorders built once, the error check.
 #pragma once
 
 #include <dnnl.hpp>
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "conv_gemm.hpp"
@@ -22,6 +23,105 @@ using dt = memory::data_type;
 
 inline memory::desc nhwc_md(const Dims& d, dt type = dt::f32) {
   return memory::desc({d.n, d.c, d.h, d.w}, type, tag::nhwc);
+}
+
+// oneDNN 2.x (Debian 12 ships 2.6) builds a primitive descriptor from an operation descriptor;
+// 3.x removed those and takes the operation's parameters directly, engine first. These build the
+// descriptors the backend uses on either API.
+inline memory::dims dims_of(const memory::desc& md) {
+#if DNNL_VERSION_MAJOR >= 3
+  return md.get_dims();
+#else
+  return md.dims();
+#endif
+}
+
+inline dnnl::primitive_attr relu_attr(bool relu) {
+  dnnl::primitive_attr attr;
+  if (relu) {
+    dnnl::post_ops ops;
+#if DNNL_VERSION_MAJOR >= 3
+    ops.append_eltwise(algorithm::eltwise_relu, 0.0f, 0.0f);
+#else
+    ops.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
+#endif
+    attr.set_post_ops(ops);
+  }
+  return attr;
+}
+
+// Moves `pd` past the implementations whose name starts with `prefix` (oneDNN lists them fastest
+// first); dnnl_unimplemented when no other is left.
+template <typename Pd>
+void skip_impls(Pd& pd, const char* prefix) {
+  while (std::string(pd.impl_info_str()).rfind(prefix, 0) == 0)
+    if (!pd.next_impl()) throw dnnl::error(dnnl_unimplemented, "no other implementation");
+}
+
+// Forward pass (forward_training) of a convolution_forward or deconvolution_forward `Fwd`, with
+// symmetric padding; an empty `bias` means none.
+template <typename Fwd>
+typename Fwd::primitive_desc fwd_pd(const dnnl::engine& eng, algorithm alg, const memory::desc& src,
+                                    const memory::desc& w, const memory::desc& bias,
+                                    const memory::desc& dst, const memory::dims& strides,
+                                    const memory::dims& pad,
+                                    const dnnl::primitive_attr& attr = {}) {
+#if DNNL_VERSION_MAJOR >= 3
+  return {eng, prop_kind::forward_training, alg, src, w, bias, dst, strides, pad, pad, attr};
+#else
+  return {
+      typename Fwd::desc(prop_kind::forward_training, alg, src, w, bias, dst, strides, pad, pad),
+      attr, eng};
+#endif
+}
+
+// Backward-data pass of a (de)convolution `BwdData`, hinted by its forward pass.
+template <typename BwdData, typename FwdPd>
+typename BwdData::primitive_desc bwd_data_pd(const dnnl::engine& eng, algorithm alg,
+                                             const memory::desc& src, const memory::desc& w,
+                                             const memory::desc& dst, const memory::dims& strides,
+                                             const memory::dims& pad, const FwdPd& hint,
+                                             const dnnl::primitive_attr& attr = {}) {
+#if DNNL_VERSION_MAJOR >= 3
+  return {eng, alg, src, w, dst, strides, pad, pad, hint, attr};
+#else
+  return {typename BwdData::desc(alg, src, w, dst, strides, pad, pad), attr, eng, hint};
+#endif
+}
+
+// Backward-weights pass of a (de)convolution `BwdWeights`, hinted by its forward pass, past the
+// implementations named `skip` when given (oneDNN 2.6's implementation iterator keeps a pointer
+// to its operation descriptor, which next_impl() reads: the skipping happens while it lives).
+template <typename BwdWeights, typename FwdPd>
+typename BwdWeights::primitive_desc bwd_weights_pd(
+    const dnnl::engine& eng, algorithm alg, const memory::desc& src, const memory::desc& dw,
+    const memory::desc& bias, const memory::desc& dst, const memory::dims& strides,
+    const memory::dims& pad, const FwdPd& hint, const dnnl::primitive_attr& attr = {},
+    const char* skip = nullptr) {
+#if DNNL_VERSION_MAJOR >= 3
+  typename BwdWeights::primitive_desc pd(eng, alg, src, dw, bias, dst, strides, pad, pad, hint,
+                                         attr);
+#else
+  const typename BwdWeights::desc op(alg, src, dw, bias, dst, strides, pad, pad);
+  typename BwdWeights::primitive_desc pd(op, attr, eng, hint);
+#endif
+  if (skip != nullptr) skip_impls(pd, skip);
+  return pd;
+}
+
+// ReLU backward computed from the forward output (a fused post-op keeps no input), in place.
+inline dnnl::eltwise_backward::primitive_desc relu_backward_pd(const dnnl::engine& eng,
+                                                               const memory::desc& dst) {
+  constexpr algorithm relu = algorithm::eltwise_relu_use_dst_for_bwd;
+#if DNNL_VERSION_MAJOR >= 3
+  const dnnl::eltwise_forward::primitive_desc hint(eng, prop_kind::forward_training, relu, dst, dst,
+                                                   0.0f);
+  return {eng, relu, dst, dst, dst, 0.0f, 0.0f, hint};
+#else
+  const dnnl::eltwise_forward::primitive_desc hint(
+      dnnl::eltwise_forward::desc(prop_kind::forward_training, relu, dst, 0.0f), eng);
+  return {dnnl::eltwise_backward::desc(relu, dst, dst, 0.0f), eng, hint};
+#endif
 }
 
 // The oneDNN CHECK: runs `build` and turns a dnnl::error into a dp::Error naming the primitive.

@@ -41,6 +41,8 @@ inline std::unique_ptr<Backend> make_cpu_backend(Precision precision = Precision
 // The instruction set oneDNN runs on this CPU ("avx2", "avx512_core", ...), after any
 // ONEDNN_MAX_CPU_ISA cap: for logs and errors.
 std::string cpu_isa_name();
+// The oneDNN library this process runs ("oneDNN 2.6.3"): 2.x and 3.x builds differ in kernels.
+std::string cpu_onednn_version();
 // Empty when oneDNN has Winograd convolutions on this CPU, else why not (errors, test skips).
 std::string cpu_winograd_support();
 // What fp32 3x3 convolutions run on under `algo` on this CPU, for the start-up line ("3x3: ...";

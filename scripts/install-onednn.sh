@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Installs oneDNN 3.2 (Intel's PyPI wheels, GNU OpenMP runtime, libdnnl.so.3 and its headers and
+# CMake config) under build/onednn-3.2 for the `onednn3` preset. Idempotent; needs python3-venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+version=2023.2.0  # the wheels' version: oneDNN 3.2.0, the last built with GNU OpenMP
+prefix=${DP_ONEDNN_PREFIX:-build/onednn-3.2}
+if [[ -f $prefix/lib/cmake/dnnl/dnnl-config.cmake && -e $prefix/lib/libdnnl.so.3 ]]; then
+  echo "install-onednn: $prefix has oneDNN $(sed -n 's/.*PACKAGE_VERSION "\(.*\)".*/\1/p' "$prefix/lib/cmake/dnnl/dnnl-config-version.cmake")"
+  exit 0
+fi
+if ! /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null; then
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "install-onednn: error: python3-venv is missing and not root (apt-get install python3-venv)" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends python3-venv
+fi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+/usr/bin/python3 -m venv "$work/venv"
+"$work/venv/bin/python3" -m pip download -q --disable-pip-version-check --no-deps -d "$work" \
+  "onednn-cpu-gomp==$version" "onednn-devel-cpu-gomp==$version"
+# A wheel's <name>.data/data/ tree is what pip would install under sys.prefix: lib/, include/.
+mkdir -p "$work/tree"
+for wheel in "$work"/*.whl; do
+  "$work/venv/bin/python3" -m zipfile -e "$wheel" "$work/unpacked"
+done
+cp -a "$work"/unpacked/*.data/data/. "$work/tree/"
+# zip keeps no symbolic links: the wheels carry three copies of the library.
+for link in libdnnl.so libdnnl.so.3; do ln -sf libdnnl.so.3.2 "$work/tree/lib/$link"; done
+rm -rf "$prefix"
+mkdir -p "$(dirname "$prefix")"
+mv "$work/tree" "$prefix"
+echo "install-onednn: oneDNN 3.2 ($version wheels) in $prefix"
