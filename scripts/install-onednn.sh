@@ -21,8 +21,13 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 /usr/bin/python3 -m venv "$work/venv"
-"$work/venv/bin/python3" -m pip download -q --disable-pip-version-check --no-deps -d "$work" \
-  "onednn-cpu-gomp==$version" "onednn-devel-cpu-gomp==$version"
+# Pinned by hash: pip refuses any other file (PyPI's files for 2023.2.0, manylinux1 x86_64).
+cat > "$work/requirements.txt" <<REQ
+onednn-cpu-gomp==$version --hash=sha256:2f22a54d6a890ed14bfa185d42a4be65d8b5b1df85dc1f0f3a9abe31620416fb
+onednn-devel-cpu-gomp==$version --hash=sha256:9763c69e8c907e119056bd52ad918ca84ac9ba939d130a99dfa95ccca3e5e284
+REQ
+"$work/venv/bin/python3" -m pip download -q --disable-pip-version-check --no-deps \
+  --require-hashes -r "$work/requirements.txt" -d "$work"
 # A wheel's <name>.data/data/ tree is what pip would install under sys.prefix: lib/, include/.
 mkdir -p "$work/tree"
 for wheel in "$work"/*.whl; do
