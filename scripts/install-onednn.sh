@@ -6,18 +6,11 @@ cd "$(dirname "$0")/.."
 version=2023.2.0  # the wheels' version: oneDNN 3.2.0, the last built with GNU OpenMP
 prefix=${DP_ONEDNN_PREFIX:-build/onednn-3.2}
 if [[ -f $prefix/lib/cmake/dnnl/dnnl-config.cmake && -e $prefix/lib/libdnnl.so.3 ]]; then
-  echo "install-onednn: $prefix has oneDNN $(sed -n 's/.*PACKAGE_VERSION "\(.*\)".*/\1/p' "$prefix/lib/cmake/dnnl/dnnl-config-version.cmake")"
+  echo "install-onednn: $prefix has oneDNN $(sed -n 's/^set(PACKAGE_VERSION "\([0-9.]*\)")$/\1/p' "$prefix/lib/cmake/dnnl/dnnl-config-version.cmake")"
   exit 0
 fi
-if ! /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null; then
-  if [[ $(id -u) -ne 0 ]]; then
-    echo "install-onednn: error: python3-venv is missing and not root (apt-get install python3-venv)" >&2
-    exit 1
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends python3-venv
-fi
+source scripts/python-venv.sh
+need_python_venv install-onednn
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 /usr/bin/python3 -m venv "$work/venv"

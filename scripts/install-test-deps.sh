@@ -7,15 +7,8 @@ cd "$(dirname "$0")/.."
 venv=${DP_TEST_VENV:-build/venv}
 packages=("tensorboard>=2.15,<3" "pillow>=9" "onnx" "onnxruntime")
 
-if ! /usr/bin/python3 -c 'import ensurepip, venv' 2>/dev/null; then
-  if [[ $(id -u) -ne 0 ]]; then
-    echo "install-test-deps: error: python3-venv is missing and not root (apt-get install python3-venv)" >&2
-    exit 1
-  fi
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends python3-venv
-fi
+source scripts/python-venv.sh
+need_python_venv install-test-deps
 if "$venv/bin/python3" -c 'import tensorboard, PIL, numpy, onnx, onnxruntime' 2>/dev/null; then
   echo "install-test-deps: $venv has $("$venv/bin/python3" -c 'import tensorboard, onnx, onnxruntime as ort; print("tensorboard", tensorboard.__version__, "onnx", onnx.__version__, "onnxruntime", ort.__version__)')"
   exit 0

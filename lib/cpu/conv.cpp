@@ -568,8 +568,7 @@ std::string cpu_winograd_support() {
   } catch (const dnnl::error&) {
     return "oneDNN has no Winograd convolution on this CPU (it runs " + cpu_isa_name() +
 #if DNNL_VERSION_MAJOR >= 3
-           "; oneDNN " + std::to_string(DNNL_VERSION_MAJOR) + "." +
-           std::to_string(DNNL_VERSION_MINOR) + " has no fp32 Winograd training kernels)";
+           "; " + cpu_onednn_version() + " has no fp32 Winograd training kernels)";
 #else
            "; oneDNN 2.x has Winograd kernels for AVX-512 only)";
 #endif
