@@ -200,9 +200,10 @@ constexpr size_t kWinogradMaxScratchpad = size_t{96} << 20;
 
 // Under CpuConvAlgo::kShape a forward pass of at least kTimedPassMinFlops runs Winograd where
 // cin*cout/(cin+cout) reaches this: its arithmetic shrinks with cin*cout, its transforms and
-// layout copies grow with cin+cout (measured per layer on UNet16 at full width: bench/README.md);
-// below the FLOP bound its primitive's creation and weight transform cost more than it saves.
-constexpr double kShapeWinogradMinChannels = 32;
+// layout copies grow with cin+cout (measured per layer on UNet16 at full width and /8:
+// bench/README.md; 64 -> 32, at 21.3, is the narrowest layer that gains); below the FLOP bound
+// its primitive's creation and weight transform cost more than it saves.
+constexpr double kShapeWinogradMinChannels = 20;
 
 // Runs `pass(a)` for each candidate kernel once to warm up, then once each timed (their
 // conversions included), and returns the fastest. (Where two are close the choice matters little;

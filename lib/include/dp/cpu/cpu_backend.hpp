@@ -22,7 +22,7 @@ namespace dp {
 // it, whatever its memory; kBlocked: the direct kernels on blocked copies; kGemm: the shifted
 // GEMMs; kGemmWinograd: Winograd on GEMMs; each for every 3x3 stride-1 pass (tests, benchmarks).
 // kShape (dppredict's default): no timing; the forward pass of a 3x3 stride-1 convolution whose
-// channels pay for Winograd's transforms and copies (cin*cout/(cin+cout) >= 32, e.g. 64 -> 64)
+// channels pay for Winograd's transforms and copies (cin*cout/(cin+cout) >= 20, e.g. 64 -> 32)
 // and that has at least 0.2 GFLOP runs oneDNN's Winograd where it has it within the scratchpad
 // cap, else Winograd on GEMMs; all other passes direct. The same kernels on every run of a model
 // on one CPU.
