@@ -13,7 +13,8 @@ scores of model_best.h5 at its default threshold (--threshold auto). Standard li
 datasets are fetched and built as docs/real-data.md says (never committed).
 
 A recipe is one of RECIPES (the runs of the earlier sections) or words joined by '-', each adding
-options: sqrt / none (--pos-weight), ema (--ema 0.99), emaw (--ema 0.99 --ema-warmup), cosine
+options: sqrt / none (--pos-weight), ema (--ema 0.99), emaw (--ema 0.99 --ema-warmup), emaNN and
+emawNN (the same at decay 0.NN), cosine
 (--lr-schedule cosine), adamw (--optimizer adamw, with cosine unless const or drop follows),
 const (a constant LR), drop (x0.1 from epoch 11: --lr-schedule step --lr-step 10 --lr-gamma 0.1),
 lrN (--lr 0.00N), clipN (--clip-grad-norm N), warm (--warmup-epochs 1), wsN (--warmup-steps N), ods (--best-metric ods),
@@ -77,6 +78,8 @@ def recipe_options(name):
             options += ["--lr-schedule", "cooldown"]
             if w[4:]:
                 options += ["--cooldown-epochs", w[4:]]
+        elif re.fullmatch(r"emaw?\d\d", w):
+            options += ["--ema", f"0.{w[-2:]}"] + (["--ema-warmup"] if w[3] == "w" else [])
         elif w.startswith("clip") and w[4:].isdigit():
             options += ["--clip-grad-norm", w[4:]]
         elif w.startswith("lr") and w[2:].isdigit():
