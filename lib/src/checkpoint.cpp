@@ -22,6 +22,11 @@ const std::string kBuffersGroup = "buffers";
 const std::string kOptimGroup = "optim/";
 const std::string kAveragedParamsGroup = "ema/params/";
 const std::string kAveragedBuffersGroup = "ema/buffers/";
+// Partial checksums, so that a weights-only read (dppredict, dpexport) verifies and reads only the
+// tensors it loads: the raw weights (parameters, then buffers: the full chain's first part) and,
+// as a chain of their own, the averaged weights. Absent in older files, which are read whole.
+const char* const kWeightsChecksumAttr = "checksum_weights";
+const char* const kAveragedChecksumAttr = "checksum_averaged";
 // Lists the state arenas' names in the order of the checksum; absent in older files, which hold
 // SGD's momentum buffer when has_optimizer_state is set.
 const char* const kStateNamesAttr = "optimizer_state";
@@ -211,14 +216,20 @@ void save_checkpoint(const std::string& path, const ParamStore& params, const Op
         sum = checksum_update(sum, kBuffersGroup + "/" + b->name, v, b->numel);
       }
     }
-    // An arena of `store`'s layout as `group`<name> datasets, chained into the checksum.
-    auto write_arena = [&](const ParamStore& store, const float* arena, const std::string& group) {
+    // The chain so far covers the raw weights: a weights-only read verifies them against this.
+    const uint64_t weights_sum = sum;
+    uint64_t averaged_sum = 0;  // a chain of its own over the averaged weights
+    // An arena of `store`'s layout as `group`<name> datasets, chained into the checksum (and into
+    // `also` when given).
+    auto write_arena = [&](const ParamStore& store, const float* arena, const std::string& group,
+                           uint64_t* also) {
       HostArena host(store, arena);
       host.fetch();
       for (const ParamView* p : by_name(store)) {
         const float* v = host.data() + p->offset;
         h5::Dataset::create(file, group + p->name, h5::Type::kFloat32, p->shape).write(v);
         sum = checksum_update(sum, group + p->name, v, p->numel);
+        if (also != nullptr) *also = checksum_update(*also, group + p->name, v, p->numel);
       }
     };
     std::string names;
@@ -227,7 +238,7 @@ void save_checkpoint(const std::string& path, const ParamStore& params, const Op
                    arena.name.find(kStateNameSeparator) == std::string::npos,
                "save_checkpoint: bad optimizer state arena '", arena.name, "'");
       names += (names.empty() ? "" : std::string(1, kStateNameSeparator)) + arena.name;
-      write_arena(params, arena.data, kOptimGroup + arena.name + "/");
+      write_arena(params, arena.data, kOptimGroup + arena.name + "/", nullptr);
     }
     if (averaged != nullptr) {  // after the optimiser state in the checksum
       for (const auto& [store, arena, group] :
@@ -235,7 +246,7 @@ void save_checkpoint(const std::string& path, const ParamStore& params, const Op
             std::tuple{buffers, averaged->buffers, kAveragedBuffersGroup}}) {
         if (store == nullptr || store->views().empty()) continue;
         DP_CHECK(arena != nullptr, "save_checkpoint: no averaged arena for ", group);
-        write_arena(*store, arena, group);
+        write_arena(*store, arena, group, &averaged_sum);
       }
     }
     write_meta(file, meta);
@@ -243,6 +254,8 @@ void save_checkpoint(const std::string& path, const ParamStore& params, const Op
     file.set_attr("has_optimizer_state", int64_t{!state.empty()});
     file.set_attr(kStateNamesAttr, names);
     file.set_attr("checksum", hex(sum));
+    file.set_attr(kWeightsChecksumAttr, hex(weights_sum));
+    if (averaged != nullptr) file.set_attr(kAveragedChecksumAttr, hex(averaged_sum));
     file.flush();
   } catch (...) {
     std::remove(tmp.c_str());
@@ -296,16 +309,25 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
              " with a different width?)");
     d.read(dst);
   };
+  // A weights-only read of a file with partial checksums reads and verifies only the weights it
+  // keeps: the averaged ones where it takes them, else the raw ones. Any other read takes every
+  // tensor of the file through the full checksum.
+  const bool want_averaged = averaged != nullptr && meta.has_averaged_weights;
+  const bool partial = state.empty() && file.has_attr(kWeightsChecksumAttr) &&
+                       (!want_averaged || file.has_attr(kAveragedChecksumAttr));
+  const bool read_raw = !(partial && want_averaged);
   // Everything is read into host arenas (staging for device stores) and only stored to the
   // device once the checksum holds.
   uint64_t sum = 0;
   std::vector<HostArena> staged;
   staged.reserve(4 + state.size());  // references into it are kept
-  HostArena& values = staged.emplace_back(params, params.values());
-  for (const ParamView* p : by_name(params)) {
-    float* v = values.data() + p->offset;
-    load(kParamsGroup + "/" + p->name, *p, v);
-    sum = checksum_update(sum, p->name, v, p->numel);
+  if (read_raw) {
+    HostArena& values = staged.emplace_back(params, params.values());
+    for (const ParamView* p : by_name(params)) {
+      float* v = values.data() + p->offset;
+      load(kParamsGroup + "/" + p->name, *p, v);
+      sum = checksum_update(sum, p->name, v, p->numel);
+    }
   }
   const auto stored = file.open_group(kParamsGroup).children();
   DP_CHECK(stored.size() == params.views().size(), "checkpoint '", path, "' holds ", stored.size(),
@@ -319,7 +341,7 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
     ParamStore* source = buffers;
     DP_CHECK(source != nullptr || count == 0, "checkpoint '", path,
              "' holds batch-norm statistics, but no model buffers were given to load them into");
-    if (source != nullptr) {
+    if (source != nullptr && read_raw) {
       HostArena& buffer_values = staged.emplace_back(*source, source->values());
       for (const ParamView* b : by_name(*source)) {
         float* v = buffer_values.data() + b->offset;
@@ -344,15 +366,15 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
       sum = checksum_update(sum, group + p->name, dst, p->numel);
     }
   };
-  // The checksum covers the state too, so all of it is read, in the file's order.
-  for (const std::string& name : stored_state) {
+  // The full checksum covers the state too, so all of it is read, in the file's order.
+  for (const std::string& name : partial ? std::vector<std::string>{} : stored_state) {
     float* arena = nullptr;
     for (const StateArena& a : state)
       if (a.name == name) arena = staged.emplace_back(params, a.data).data();
     read_arena(params, arena, kOptimGroup + name + "/");
   }
-  // Averaged weights: into the caller's arenas or, for the checksum, a scratch buffer.
-  if (meta.has_averaged_weights) {
+  // Averaged weights: into the caller's arenas or, for the full checksum, a scratch buffer.
+  if (meta.has_averaged_weights && (!partial || want_averaged)) {
     DP_CHECK(file.exists("ema"), "checkpoint '", path, "' lacks 'ema'");
     for (const auto& [store, arena, group] :
          {std::tuple{static_cast<const ParamStore*>(&params),
@@ -369,9 +391,12 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
                  group);
     }
   }
-  DP_CHECK(file.attr_string("checksum") == hex(sum), "checkpoint '", path,
-           "' is corrupt: checksum mismatch (stored ", file.attr_string("checksum"), ", computed ",
-           hex(sum), ")");
+  const char* const checksum_attr = !partial        ? "checksum"
+                                    : want_averaged ? kAveragedChecksumAttr
+                                                    : kWeightsChecksumAttr;
+  DP_CHECK(file.attr_string(checksum_attr) == hex(sum), "checkpoint '", path,
+           "' is corrupt: checksum mismatch (", checksum_attr, " stored ",
+           file.attr_string(checksum_attr), ", computed ", hex(sum), ")");
   for (HostArena& arena : staged) arena.store();
   return meta;
 }

@@ -1,6 +1,8 @@
 // Checkpoint v1: exact round trip, atomic write, corruption and mismatch detection, listing.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -99,20 +101,25 @@ TEST(Checkpoint, BatchNormBuffersRoundTrip) {
   EXPECT_THROW(load_checkpoint(path, b->params(), nullptr, nullptr), Error);
 }
 
+// Flips one byte of the file where the 8 floats at `values` are stored (found by their bytes).
+void damage(const std::string& path, const float* values) {
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const size_t at = bytes.find(std::string(reinterpret_cast<const char*>(values), 32));
+  ASSERT_NE(at, std::string::npos);
+  bytes[at + 5] = char(bytes[at + 5] ^ 0x40);
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
 TEST(Checkpoint, DetectsCorruption) {
   test::TempDir dir;
   Fixture a, b;
   const std::string path = dir.file("model_epoch_1.h5");
   save_checkpoint(path, a.model->params(), a.sgd->momentum(), sample_meta());
-  // Flip one byte inside the stored conv1.0.weight (found by its raw float bytes).
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const ParamView* w = a.model->params().find("conv1.0.weight");
-  const std::string needle(reinterpret_cast<const char*>(w->value), 32);
-  const size_t at = bytes.find(needle);
-  ASSERT_NE(at, std::string::npos);
-  bytes[at + 5] = char(bytes[at + 5] ^ 0x40);
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  damage(path, a.model->params().find("conv1.0.weight")->value);  // a byte of conv1.0.weight
   try {
     load_checkpoint(path, b.model->params(), b.sgd->momentum());
     FAIL() << "corruption not detected";
@@ -120,6 +127,69 @@ TEST(Checkpoint, DetectsCorruption) {
     EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
   }
+}
+
+// A weights-only read (dppredict, dpexport) reads and verifies only the weights it keeps, through
+// the file's partial checksums: damage in the optimiser state stops a resume but not a
+// weights-only read, damage in the averaged weights only the reads that take them, damage in the
+// raw weights every read but the averaged one; a file without the partial checksums (an older
+// dptrain's) is verified whole.
+TEST(Checkpoint, WeightsOnlyReadsVerifyTheWeightsTheyKeep) {
+  test::TempDir dir;
+  Fixture a, b(8, 2);
+  ParamStore& params = a.model->params();
+  const size_t n = size_t(params.arena_size()), bytes = n * sizeof(float);
+  std::vector<float> avg(n), into(n);
+  for (const ParamView& v : params.views())  // the arena's padding stays 0, as in a model's
+    for (int64_t i = v.offset; i < v.offset + v.numel; ++i)
+      avg[size_t(i)] = 0.5f - 0.0007f * float(i % 613);
+  const AveragedWeights averaged{avg.data(), nullptr}, into_avg{into.data(), nullptr};
+  const size_t at = size_t(params.find("conv1.0.weight")->offset);
+  struct Damaged {
+    std::string name;
+    const float* values;
+    bool resume, raw, averaged;  // which reads succeed
+  };
+  const Damaged cases[] = {{"state", a.sgd->momentum() + at, false, true, true},
+                           {"averaged", avg.data() + at, false, true, false},
+                           {"raw", params.values() + at, false, false, true}};
+  const auto loads = [&](const std::string& path, const OptimizerState& state,
+                         const AveragedWeights* av) {
+    try {
+      load_checkpoint(path, b.model->params(), state, nullptr, av);
+      return true;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("checksum mismatch"), std::string::npos) << e.what();
+      return false;
+    }
+  };
+  for (const Damaged& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string path = dir.file(c.name + ".h5");
+    save_checkpoint(path, params, a.sgd->state(), sample_meta(), nullptr, &averaged);
+    damage(path, c.values);
+    EXPECT_EQ(loads(path, b.sgd->state(), nullptr), c.resume);
+    std::fill(b.model->params().values(), b.model->params().values() + n, 0.0f);
+    EXPECT_EQ(loads(path, OptimizerState{}, nullptr), c.raw);
+    if (c.raw) {
+      EXPECT_EQ(0, std::memcmp(b.model->params().values(), params.values(), bytes));
+    }
+    std::fill(into.begin(), into.end(), 0.0f);
+    EXPECT_EQ(loads(path, OptimizerState{}, &into_avg), c.averaged);
+    if (c.averaged) {
+      EXPECT_EQ(0, std::memcmp(into.data(), avg.data(), bytes));
+    }
+  }
+  // Without the partial checksums the whole file is read and verified: the damaged state counts.
+  const std::string old = dir.file("old.h5");
+  std::filesystem::copy_file(dir.file("state.h5"), old);
+  const hid_t file = H5Fopen(old.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  EXPECT_GE(H5Adelete(file, "checksum_weights"), 0);
+  EXPECT_GE(H5Adelete(file, "checksum_averaged"), 0);
+  H5Fclose(file);
+  EXPECT_FALSE(loads(old, OptimizerState{}, nullptr));
+  EXPECT_FALSE(loads(old, OptimizerState{}, &into_avg));
 }
 
 TEST(Checkpoint, TruncatedAndForeignFilesAreClearErrors) {

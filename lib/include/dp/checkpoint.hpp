@@ -91,7 +91,10 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, floa
 // The same for any optimiser: every arena of `state` must be in the file (a checkpoint of
 // another optimiser is an error naming both); an empty `state` loads weights only. `averaged`,
 // when given and the file has averaged weights (meta.has_averaged_weights), receives them, after
-// the raw weights: arenas that alias the model's (dppredict) end up holding the averages.
+// the raw weights: arenas that alias the model's (dppredict) end up holding the averages. A load
+// without `state` of a file that has the partial checksums (checksum_weights, checksum_averaged)
+// reads and verifies only the weights it keeps (the averaged ones where it takes them); any
+// other load reads every tensor of the file against the full checksum.
 CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
                                const OptimizerState& state, ParamStore* buffers = nullptr,
                                const AveragedWeights* averaged = nullptr);
