@@ -312,10 +312,19 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
   // A weights-only read of a file with partial checksums reads and verifies only the weights it
   // keeps: the averaged ones where it takes them, else the raw ones. Any other read takes every
   // tensor of the file through the full checksum.
+  // The raw weights are skipped only where the averaged ones land on them (dppredict's arenas).
   const bool want_averaged = averaged != nullptr && meta.has_averaged_weights;
   const bool partial = state.empty() && file.has_attr(kWeightsChecksumAttr) &&
                        (!want_averaged || file.has_attr(kAveragedChecksumAttr));
-  const bool read_raw = !(partial && want_averaged);
+  const bool averages_replace_raw =
+      want_averaged && averaged->params == params.values() &&
+      (buffers == nullptr || buffers->views().empty() || averaged->buffers == buffers->values());
+  const bool read_raw = !(partial && averages_replace_raw);
+  const auto verify = [&](const char* attr, uint64_t computed) {
+    DP_CHECK(file.attr_string(attr) == hex(computed), "checkpoint '", path,
+             "' is corrupt: checksum mismatch (", attr, " stored ", file.attr_string(attr),
+             ", computed ", hex(computed), ")");
+  };
   // Everything is read into host arenas (staging for device stores) and only stored to the
   // device once the checksum holds.
   uint64_t sum = 0;
@@ -366,6 +375,10 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
       sum = checksum_update(sum, group + p->name, dst, p->numel);
     }
   };
+  if (partial) {  // the raw weights are verified here; the averaged ones are a chain of their own
+    if (read_raw) verify(kWeightsChecksumAttr, sum);
+    sum = 0;
+  }
   // The full checksum covers the state too, so all of it is read, in the file's order.
   for (const std::string& name : partial ? std::vector<std::string>{} : stored_state) {
     float* arena = nullptr;
@@ -391,12 +404,8 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
                  group);
     }
   }
-  const char* const checksum_attr = !partial        ? "checksum"
-                                    : want_averaged ? kAveragedChecksumAttr
-                                                    : kWeightsChecksumAttr;
-  DP_CHECK(file.attr_string(checksum_attr) == hex(sum), "checkpoint '", path,
-           "' is corrupt: checksum mismatch (", checksum_attr, " stored ",
-           file.attr_string(checksum_attr), ", computed ", hex(sum), ")");
+  if (!partial) verify("checksum", sum);
+  if (partial && want_averaged) verify(kAveragedChecksumAttr, sum);
   for (HostArena& arena : staged) arena.store();
   return meta;
 }

@@ -132,8 +132,8 @@ TEST(Checkpoint, DetectsCorruption) {
 // A weights-only read (dppredict, dpexport) reads and verifies only the weights it keeps, through
 // the file's partial checksums: damage in the optimiser state stops a resume but not a
 // weights-only read, damage in the averaged weights only the reads that take them, damage in the
-// raw weights every read but the averaged one; a file without the partial checksums (an older
-// dptrain's) is verified whole.
+// raw weights every read but dppredict's averaged one (into the model's own arena); a file
+// without the partial checksums (an older dptrain's) is verified whole.
 TEST(Checkpoint, WeightsOnlyReadsVerifyTheWeightsTheyKeep) {
   test::TempDir dir;
   Fixture a, b(8, 2);
@@ -174,10 +174,19 @@ TEST(Checkpoint, WeightsOnlyReadsVerifyTheWeightsTheyKeep) {
     if (c.raw) {
       EXPECT_EQ(0, std::memcmp(b.model->params().values(), params.values(), bytes));
     }
-    std::fill(into.begin(), into.end(), 0.0f);
-    EXPECT_EQ(loads(path, OptimizerState{}, &into_avg), c.averaged);
+    // As dppredict: the averaged weights into the model's own arena, the raw ones never read.
+    std::fill(b.model->params().values(), b.model->params().values() + n, 0.0f);
+    const AveragedWeights into_model{b.model->params().values(), nullptr};
+    EXPECT_EQ(loads(path, OptimizerState{}, &into_model), c.averaged);
     if (c.averaged) {
+      EXPECT_EQ(0, std::memcmp(b.model->params().values(), avg.data(), bytes));
+    }
+    // Both (arenas of their own): both verified.
+    std::fill(into.begin(), into.end(), 0.0f);
+    EXPECT_EQ(loads(path, OptimizerState{}, &into_avg), c.raw && c.averaged);
+    if (c.raw && c.averaged) {
       EXPECT_EQ(0, std::memcmp(into.data(), avg.data(), bytes));
+      EXPECT_EQ(0, std::memcmp(b.model->params().values(), params.values(), bytes));
     }
   }
   // Without the partial checksums the whole file is read and verified: the damaged state counts.
@@ -189,7 +198,8 @@ TEST(Checkpoint, WeightsOnlyReadsVerifyTheWeightsTheyKeep) {
   EXPECT_GE(H5Adelete(file, "checksum_averaged"), 0);
   H5Fclose(file);
   EXPECT_FALSE(loads(old, OptimizerState{}, nullptr));
-  EXPECT_FALSE(loads(old, OptimizerState{}, &into_avg));
+  const AveragedWeights into_model{b.model->params().values(), nullptr};
+  EXPECT_FALSE(loads(old, OptimizerState{}, &into_model));
 }
 
 TEST(Checkpoint, TruncatedAndForeignFilesAreClearErrors) {

@@ -93,9 +93,9 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params, floa
 // when given and the file has averaged weights (meta.has_averaged_weights), receives them, after
 // the raw weights: arenas that alias the model's (dppredict) end up holding the averages. A load
 // without `state` of a file that has the partial checksums (checksum_weights, checksum_averaged)
-// reads and verifies only the weights it keeps: where it takes the averaged ones, `params` and
-// `buffers` are not written, so `averaged` should alias them (as dppredict's and dpexport's do);
-// any other load reads every tensor of the file against the full checksum.
+// reads and verifies only the weights it keeps (the raw ones are skipped where `averaged` aliases
+// `params` and `buffers`, as dppredict's and dpexport's arenas do); any other load reads every
+// tensor of the file against the full checksum.
 CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
                                const OptimizerState& state, ParamStore* buffers = nullptr,
                                const AveragedWeights* averaged = nullptr);
