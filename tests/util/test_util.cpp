@@ -98,9 +98,16 @@ void write_tiny_dataset(const std::string& path, int64_t train_count, int64_t va
   data::write_synthetic(path, o);
 }
 
+// Each command gets an Open MPI session directory base of its own (removed afterwards): under
+// `ctest -j` Open MPI 4's concurrent jobs share <tmp>/ompi.<host>.<uid>, which a finishing job
+// may remove while another creates its directory in it ("A call to mkdir was unable to create
+// the desired directory", open-mpi/ompi#8510). Other MPIs ignore the variable.
 CommandResult run_command(const std::string& command) {
   CommandResult r;
-  std::FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  const TempDir session;
+  std::FILE* pipe = ::popen(
+      ("export OMPI_MCA_orte_tmpdir_base=" + session.path() + "; " + command + " 2>&1").c_str(),
+      "r");
   DP_CHECK(pipe != nullptr, "popen failed for ", command);
   std::array<char, 4096> buf{};
   size_t n = 0;
