@@ -310,9 +310,9 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
     d.read(dst);
   };
   // A weights-only read of a file with partial checksums reads and verifies only the weights it
-  // keeps: the averaged ones where it takes them, else the raw ones. Any other read takes every
-  // tensor of the file through the full checksum.
-  // The raw weights are skipped only where the averaged ones land on them (dppredict's arenas).
+  // keeps, each set against its own partial checksum: the raw ones unless the averaged ones land
+  // on them (dppredict's arenas), and the averaged ones where asked for. Any other read takes
+  // every tensor of the file through the full checksum.
   const bool want_averaged = averaged != nullptr && meta.has_averaged_weights;
   const bool partial = state.empty() && file.has_attr(kWeightsChecksumAttr) &&
                        (!want_averaged || file.has_attr(kAveragedChecksumAttr));
@@ -380,11 +380,13 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
     sum = 0;
   }
   // The full checksum covers the state too, so all of it is read, in the file's order.
-  for (const std::string& name : partial ? std::vector<std::string>{} : stored_state) {
-    float* arena = nullptr;
-    for (const StateArena& a : state)
-      if (a.name == name) arena = staged.emplace_back(params, a.data).data();
-    read_arena(params, arena, kOptimGroup + name + "/");
+  if (!partial) {
+    for (const std::string& name : stored_state) {
+      float* arena = nullptr;
+      for (const StateArena& a : state)
+        if (a.name == name) arena = staged.emplace_back(params, a.data).data();
+      read_arena(params, arena, kOptimGroup + name + "/");
+    }
   }
   // Averaged weights: into the caller's arenas or, for the full checksum, a scratch buffer.
   if (meta.has_averaged_weights && (!partial || want_averaged)) {
@@ -404,8 +406,10 @@ CheckpointMeta load_checkpoint(const std::string& path, ParamStore& params,
                  group);
     }
   }
-  if (!partial) verify("checksum", sum);
-  if (partial && want_averaged) verify(kAveragedChecksumAttr, sum);
+  if (!partial)
+    verify("checksum", sum);
+  else if (want_averaged)
+    verify(kAveragedChecksumAttr, sum);
   for (HostArena& arena : staged) arena.store();
   return meta;
 }
