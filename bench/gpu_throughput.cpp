@@ -9,7 +9,7 @@
 // memory. --precision bf16 runs the convolutions in bf16 (BackendOptions::precision); in fp32,
 // --tf32 decides whether they may use TF32 tensor cores. --profile brackets the last timed step
 // with cudaProfilerStart/Stop, so that `ncu --profile-from-start off` times that step's kernels
-// alone.
+// alone; --log-algorithms prints the cuDNN algorithm chosen for each convolution pass.
 
 #include <boost/program_options.hpp>
 
@@ -51,6 +51,7 @@ struct Config {
   dp::Precision precision = dp::Precision::kFloat32;
   bool deterministic = false;
   bool profile = false;
+  bool log_algorithms = false;
   uint64_t seed = 1;
 };
 
@@ -80,6 +81,7 @@ void run(const Config& c) {
   options.tf32 = c.tf32;
   options.precision = c.precision;
   options.deterministic = c.deterministic;
+  options.log_algorithms = c.log_algorithms;
   auto be = dp::cuda::make_cuda_backend(options);
 
   dp::ModelConfig mc;
@@ -179,6 +181,8 @@ int main(int argc, char** argv) {
       "deterministic", po::bool_switch(&c.deterministic), "deterministic cuDNN algorithms only")(
       "profile", po::bool_switch(&c.profile),
       "cudaProfilerStart/Stop around the last timed step (for ncu --profile-from-start off)")(
+      "log-algorithms", po::bool_switch(&c.log_algorithms),
+      "one line per convolution pass with the cuDNN algorithm chosen for it")(
       "seed", po::value(&c.seed)->default_value(c.seed), "initialisation and data seed");
   try {
     po::variables_map vm;

@@ -379,11 +379,15 @@ bool ConvEngine::try_ensure(Plan& p, int pass, const void* x, const void* w, con
   if (!force_krsc_) {
     if (choose(p, pass, false, x, w, y)) {
       keep_faster_krsc(p, pass, x, w, y);
+      note_choice(p, pass);
       return true;
     }
     why_nchw = p.why;
   }
-  if (choose(p, pass, true, x, w, y)) return true;
+  if (choose(p, pass, true, x, w, y)) {
+    note_choice(p, pass);
+    return true;
+  }
   p.why = str_cat(force_krsc_ ? "" : str_cat("with the NCHW filter: ", why_nchw, "; "),
                   "with the KRSC filter: ", p.why);
   return false;
@@ -391,16 +395,24 @@ bool ConvEngine::try_ensure(Plan& p, int pass, const void* x, const void* w, con
 
 // With the NCHW filter cuDNN may offer fewer or slower kernels for a shape than with the filter
 // in KRSC (NHWC) order, the layout its NHWC tensor-core kernels read. So the KRSC filter is
-// searched too, and kept when its best time is clearly (10%) better: that covers the filter copy
-// it costs in fp32 (bf16 copies the filter either way). Untimed choices (--deterministic ranks by
-// the heuristics) keep the NCHW filter.
+// searched too, and kept when its call is clearly (10%) faster: that covers the filter copy it
+// costs in fp32 (bf16 copies the filter either way). Both choices are timed as they will run
+// (time_pass), not by the search's figures: the search may fail as a whole with the KRSC filter
+// (then its choice is the heuristics' first), and with the NCHW filter it may find only
+// IMPLICIT_GEMM, the legacy kernel without tensor cores (on an H200, cuDNN 9.19, UNet16's dec1 at
+// 448x448, batch 16: 17.5 ms a call). --deterministic (choices ranked by the heuristics, never by
+// timings) keeps the NCHW filter.
 void ConvEngine::keep_faster_krsc(Plan& p, int pass, const void* x, const void* w, const void* y) {
+  if (options_.deterministic) return;
   PassState& ps = p.pass[pass];
+  ps.ms = time_pass(p, pass, x, w, y);
   const int algo = ps.algo;
   const cudnnMathType_t math = ps.math;
   const float ms = ps.ms;
-  if (ms < 0.0f) return;
-  if (choose(p, pass, true, x, w, y) && ps.ms >= 0.0f && ps.ms < 0.9f * ms) return;
+  if (choose(p, pass, true, x, w, y)) {
+    ps.ms = time_pass(p, pass, x, w, y);
+    if (ps.ms < 0.9f * ms) return;
+  }
   // Back to the NCHW filter's algorithm.
   DP_CUDNN_CHECK(cudnnSetFilter4dDescriptor(ps.filter.get(), operand_type(p), CUDNN_TENSOR_NCHW,
                                             p.k, p.c, p.r, p.r));
@@ -412,6 +424,46 @@ void ConvEngine::keep_faster_krsc(Plan& p, int pass, const void* x, const void* 
   ps.ready = true;
   p.short_of_memory = false;
   p.why.clear();
+}
+
+float ConvEngine::time_pass(const Plan& p, int pass, const void* x, const void* w, const void* y) {
+  const PassState& ps = p.pass[pass];
+  auto call = [&] {
+    if (pass == kForward)
+      DP_CUDNN_CHECK(cudnnConvolutionForward(
+          handle_, &kOne, p.x.get(), x, ps.filter.get(), w, ps.conv.get(),
+          static_cast<cudnnConvolutionFwdAlgo_t>(ps.algo), workspace_.data(), workspace_.bytes(),
+          &kZero, p.y.get(), const_cast<void*>(y)));
+    else if (pass == kBackwardData)
+      DP_CUDNN_CHECK(cudnnConvolutionBackwardData(
+          handle_, &kOne, ps.filter.get(), w, p.y.get(), y, ps.conv.get(),
+          static_cast<cudnnConvolutionBwdDataAlgo_t>(ps.algo), workspace_.data(),
+          workspace_.bytes(), &kZero, p.x.get(), const_cast<void*>(x)));
+    else
+      DP_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+          handle_, &kOne, p.x.get(), x, p.y.get(), y, ps.conv.get(),
+          static_cast<cudnnConvolutionBwdFilterAlgo_t>(ps.algo), workspace_.data(),
+          workspace_.bytes(), &kZero, ps.filter.get(), const_cast<void*>(w)));
+  };
+  call();  // warm-up: lazy module loading, caches
+  constexpr int kRuns = 3;
+  const Event start(true), end(true);
+  start.record(heap_.stream());
+  for (int i = 0; i < kRuns; ++i) call();
+  end.record(heap_.stream());
+  end.synchronize();
+  return Event::elapsed_ms(start, end) / kRuns;
+}
+
+void ConvEngine::note_choice(const Plan& p, int pass) const {
+  if (!options_.log_algorithms) return;
+  const PassState& ps = p.pass[pass];
+  const char* math = ps.math == CUDNN_TENSOR_OP_MATH ? "tensor-op math"
+                     : ps.math == CUDNN_FMA_MATH     ? "FMA math"
+                                                     : "default math (TF32 allowed)";
+  options_.log.info("cuDNN: ", p.what, " ", kPassName[pass], ": algorithm ", ps.algo, ", ", math,
+                    ", ", ps.krsc ? "KRSC" : "NCHW", " filter",
+                    ps.ms >= 0.0f ? str_cat(", ", fixed(ps.ms, 3), " ms") : std::string());
 }
 
 void ConvEngine::ensure(Plan& p, int pass, const void* x, const void* w, const void* y) {
@@ -745,7 +797,13 @@ bool ConvEngine::fused_is_faster(const Plan& p, const void* x, const void* filte
   end.synchronize();
   const float fused_ms = Event::elapsed_ms(start, middle) / kRuns;
   const float plain_ms = Event::elapsed_ms(middle, end) / kRuns;
-  if (fused_ms <= plain_ms) return true;
+  if (fused_ms <= plain_ms) {
+    if (options_.log_algorithms)
+      options_.log.info("cuDNN: ", p.what, ": the fused bias", relu ? " + ReLU" : "",
+                        " call takes ", fused_ms, " ms, the convolution then the bias",
+                        relu ? "/ReLU" : "", " kernel ", plain_ms, " ms: using the former");
+    return true;
+  }
   options_.log.info("cuDNN: ", p.what, ": the fused bias", relu ? " + ReLU" : "", " call takes ",
                     fused_ms, " ms, the convolution then the bias", relu ? "/ReLU" : "", " kernel ",
                     plain_ms, " ms: using the latter");

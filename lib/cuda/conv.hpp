@@ -36,9 +36,10 @@ namespace dp::cuda {
 // Filters: cuDNN is first asked for algorithms on the weights as they are (an NCHW filter, i.e.
 // [k, c, r, s], next to NHWC activations), then on an NHWC (KRSC) copy, made by
 // cudnnTransformTensor before each call (and the filter gradient transformed back). The copy is
-// used where the NCHW filter has no algorithm, or where its best time beats the NCHW filter's by
-// 10% (keep_faster_krsc). DP_CUDNN_KRSC_FILTERS=1 in the environment forces the copy everywhere, so
-// that both paths can be tested.
+// used where the NCHW filter has no algorithm, or where its chosen algorithm's call, timed on the
+// call's buffers, beats the NCHW filter's by 10% (keep_faster_krsc; not with
+// options.deterministic). DP_CUDNN_KRSC_FILTERS=1 in the environment forces the copy everywhere,
+// so that both paths can be tested.
 //
 // Bias and ReLU: fused by cudnnConvolutionBiasActivationForward in a convolution's forward pass
 // where cuDNN accepts it and it is not slower than the plain convolution + the bias/ReLU kernel
@@ -154,8 +155,13 @@ class ConvEngine {
   // none; ensure throws dp::Error then.
   void ensure(Plan& p, int pass, const void* x, const void* w, const void* y);
   bool try_ensure(Plan& p, int pass, const void* x, const void* w, const void* y);
-  // After an NCHW-filter choice: searches with the KRSC filter and keeps it if clearly faster.
+  // After an NCHW-filter choice: searches with the KRSC filter and keeps it if its call is
+  // clearly faster.
   void keep_faster_krsc(Plan& p, int pass, const void* x, const void* w, const void* y);
+  // Milliseconds per call of the pass's chosen algorithm on the call's buffers (as choose's).
+  float time_pass(const Plan& p, int pass, const void* x, const void* w, const void* y);
+  // With options.log_algorithms: one info line with the pass's chosen algorithm.
+  void note_choice(const Plan& p, int pass) const;
   // " (bf16 NHWC, fp32 compute, ..., workspace at most ...)": what a plan's search allowed.
   std::string search_conditions(const Plan& p) const;
   bool choose(Plan& p, int pass, bool krsc, const void* x, const void* w, const void* y);

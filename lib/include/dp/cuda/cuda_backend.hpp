@@ -32,6 +32,9 @@ struct BackendOptions {
   // The largest convolution workspace an algorithm may ask for; the arena grows to the largest
   // chosen algorithm's need (once per shape) and never shrinks.
   size_t max_workspace_bytes = size_t{1} << 30;
+  // One info line per convolution pass with the algorithm chosen for it (and the fused bias/ReLU
+  // call's timing), for profiling.
+  bool log_algorithms = false;
   // Where the backend's notes go (info: a bf16 shape that runs in fp32).
   Logger log;
 };
