@@ -20,7 +20,9 @@ const (a constant LR), drop (x0.1 from epoch 11: --lr-schedule step --lr-step 10
 lrN (--lr 0.00N), clipN (--clip-grad-norm N), warm (--warmup-epochs 1), wsN (--warmup-steps N), ods (--best-metric ods),
 cool (--lr-schedule cooldown), coolN (cooldown with --cooldown-epochs N),
 det (--deterministic: direct convolution kernels, so that a seed is one run), sgd (the default
-until 2026-12-03: --optimizer sgd --lr-schedule step);
+until 2026-12-03: --optimizer sgd --lr-schedule step), bcecl / dicecl / bcedicecl (--loss
+bce+cldice / dice+cldice / bce+dice+cldice; a suffix wN sets --cldice-weight N/10, iN
+--cldice-iterations N: bcediceclw5i5);
 e.g. sqrt-ema-adamw-lr2.
 """
 import argparse
@@ -80,6 +82,16 @@ def recipe_options(name):
                 options += ["--cooldown-epochs", w[4:]]
         elif re.fullmatch(r"emaw?\d\d", w):
             options += ["--ema", f"0.{w[-2:]}"] + (["--ema-warmup"] if w[3] == "w" else [])
+        elif re.fullmatch(r"(bce|dice|bcedice)cl(w\d+)?(i\d+)?", w):
+            # bcecl / dicecl / bcedicecl: --loss with soft clDice; wN: --cldice-weight 0.N (w10:
+            # 1.0), iN: --cldice-iterations N
+            m = re.fullmatch(r"(bce|dice|bcedice)cl(?:w(\d+))?(?:i(\d+))?", w)
+            options += ["--loss", {"bce": "bce+cldice", "dice": "dice+cldice",
+                                   "bcedice": "bce+dice+cldice"}[m[1]]]
+            if m[2]:
+                options += ["--cldice-weight", str(int(m[2]) / 10)]
+            if m[3]:
+                options += ["--cldice-iterations", m[3]]
         elif w.startswith("clip") and w[4:].isdigit():
             options += ["--clip-grad-norm", w[4:]]
         elif w.startswith("lr") and w[2:].isdigit():

@@ -91,9 +91,12 @@ std::string loss_changes(const std::string& recorded, const TrainOptions& now) {
   pw = pw.empty() || pw == "0" ? "none" : pw == "1" ? "dataset" : pw;
   const std::map<std::string, std::string> is = parse_option_lines(now.describe());
   std::string changes;
-  for (const char* key : {"loss", "pos_weight", "focal_alpha", "focal_gamma"}) {
-    const bool focal_key = key[0] == 'f';
+  for (const char* key :
+       {"loss", "pos_weight", "focal_alpha", "focal_gamma", "cldice_weight", "cldice_iterations"}) {
+    const bool focal_key = key[0] == 'f', cldice_key = key[0] == 'c';
     if (focal_key && (was["loss"] != "focal" || now.loss != "focal")) continue;
+    const bool cldice_then = was["loss"].find("cldice") != std::string::npos;
+    if (cldice_key && (!cldice_then || now.loss.find("cldice") == std::string::npos)) continue;
     if (was[key] != is.at(key))
       changes += str_cat(changes.empty() ? "" : ", ", key, " ", was[key], " -> ", is.at(key));
   }

@@ -3,6 +3,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <cmath>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -74,6 +75,8 @@ std::string TrainOptions::describe() const {
      << "loss = " << loss << "\n"
      << "focal_alpha = " << focal_alpha << "\n"
      << "focal_gamma = " << focal_gamma << "\n"
+     << "cldice_weight = " << cldice_weight << "\n"
+     << "cldice_iterations = " << cldice_iterations << "\n"
      << "seed = " << seed << "\n"
      << "device = " << device << "\n"
      << "threads = " << threads << "\n"
@@ -221,7 +224,13 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "square root), a number, or none (1)")(
       "loss", po::value(&o.loss)->default_value(o.loss),
       "bce (per pixel), dice (soft Dice per image), bce+dice (their sum; the default since "
-      "CrackForest, docs/real-data.md) or focal (per pixel); each the mean over the global batch")(
+      "CrackForest, docs/real-data.md), focal (per pixel), or bce+cldice, dice+cldice, "
+      "bce+dice+cldice (with soft clDice per image, Shit et al. 2021: Dice of the soft skeletons, "
+      "for thin structures); each the mean over the global batch")(
+      "cldice-weight", po::value(&o.cldice_weight)->default_value(o.cldice_weight),
+      "weight of the soft clDice term")(
+      "cldice-iterations", po::value(&o.cldice_iterations)->default_value(o.cldice_iterations),
+      "soft erosions of the soft skeleton (it follows cracks up to about 2 x this + 1 px wide)")(
       "focal-alpha", po::value(&o.focal_alpha)->default_value(o.focal_alpha),
       "focal loss: weight of crack pixels, 1 - alpha of background (< 0: no weighting)")(
       "focal-gamma", po::value(&o.focal_gamma)->default_value(o.focal_gamma),
@@ -359,8 +368,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   if (vm.count("lr") == 0)
     o.lr = o.optimizer == "adamw" ? TrainOptions::kAdamWLr : TrainOptions::kSgdLr;
   // BCE is class-balanced unless told otherwise; the other losses have no BCE term to weight.
-  if (vm.count("pos-weight") == 0)
-    o.pos_weight = o.loss == "bce" || o.loss == "bce+dice" ? "dataset" : "none";
+  if (vm.count("pos-weight") == 0) o.pos_weight = Loss::has_bce(o.loss) ? "dataset" : "none";
   o.overlap = !vm["no-overlap"].as<bool>();
   o.tf32 = !vm["no-tf32"].as<bool>();
   if (o.resume == "none") o.resume = "never";  // the older spelling
@@ -414,8 +422,14 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   require(o.threshold > 0 && o.threshold < 1, "--threshold must be in (0, 1), got ", o.threshold);
   require(o.tolerance >= 0 && o.tolerance <= 32, "--tolerance must be in [0, 32] pixels, got ",
           o.tolerance);
-  require(o.loss == "bce" || o.loss == "dice" || o.loss == "bce+dice" || o.loss == "focal",
-          "--loss must be bce, dice, bce+dice or focal, got '", o.loss, "'");
+  require(Loss::valid(o.loss),
+          "--loss must be bce, dice, bce+dice, focal, bce+cldice, dice+cldice or bce+dice+cldice, "
+          "got '",
+          o.loss, "'");
+  require(o.cldice_weight > 0 && std::isfinite(o.cldice_weight),
+          "--cldice-weight must be positive, got ", o.cldice_weight);
+  require(o.cldice_iterations >= 1 && o.cldice_iterations <= 32,
+          "--cldice-iterations must be in [1, 32], got ", o.cldice_iterations);
   require(o.focal_alpha <= 1, "--focal-alpha must be <= 1 (< 0: off), got ", o.focal_alpha);
   require(o.focal_gamma >= 0, "--focal-gamma must be >= 0, got ", o.focal_gamma);
   require(Loss::crack_weight(o.pos_weight, 1.0f) > 0,
@@ -423,8 +437,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
           "'");
   // A weight of 1 is "none" (so the 0/1 that older checkpoints recorded stays unambiguous).
   if (Loss::crack_weight(o.pos_weight, 2.0f) == 1.0f) o.pos_weight = "none";
-  require(o.pos_weight == "none" || o.loss == "bce" || o.loss == "bce+dice",
-          "--pos-weight weights BCE: use it with --loss bce or bce+dice (focal has --focal-alpha)");
+  require(o.pos_weight == "none" || Loss::has_bce(o.loss),
+          "--pos-weight weights BCE: use it with a --loss that has bce (focal has --focal-alpha)");
   require(o.max_steps == -1 || o.max_steps >= 1, "--max-steps must be -1 or positive, got ",
           o.max_steps);
   require(o.progress == "auto" || o.progress == "bar" || o.progress == "lines",

@@ -61,9 +61,11 @@ struct TrainOptions {
   double ema = 0;        // decay of the weights' moving average (0: off)
   bool ema_warmup = false;             // the decay ramps up as (1 + step) / (10 + step)
   std::string pos_weight = "dataset";  // dataset | sqrt | a number > 0 | none (BCE crack pixels)
-  std::string loss = "bce+dice";       // bce | dice | bce+dice | focal (docs/real-data.md)
-  double focal_alpha = 0.25;           // weight of crack pixels in the focal loss (< 0: none)
+  std::string loss = "bce+dice";  // bce, dice, cldice joined by '+', or focal (docs/real-data.md)
+  double focal_alpha = 0.25;      // weight of crack pixels in the focal loss (< 0: none)
   double focal_gamma = 2.0;
+  double cldice_weight = 1.0;     // the soft clDice term's weight in the sum
+  int64_t cldice_iterations = 3;  // soft erosions of the soft skeleton (the published default)
   uint64_t seed = 42;
   int64_t max_steps = -1;  // stop each epoch after this many steps (tests, smoke runs)
   // execution

@@ -432,11 +432,11 @@ Trainer::StepResult Trainer::train_step(const EpochContext& e, int64_t step, Epo
     // get a zero gradient, and their loss is dropped.
     const int real = e.plan.real_in_batch(comm_.rank(), micro);
     const int64_t real_pixels = int64_t(real) * image_pixels;
-    const double loss = loss_->sum(*backend_, real, image_pixels, logits, in.masks,
+    const double loss = loss_->sum(*backend_, real, height_, width_, logits, in.masks,
                                    e.plan.step_samples(step), diff);
     if (real < b->n)
-      loss_->sum(*backend_, b->n - real, image_pixels, logits + real_pixels, in.masks + real_pixels,
-                 0, diff + real_pixels);
+      loss_->sum(*backend_, b->n - real, height_, width_, logits + real_pixels,
+                 in.masks + real_pixels, 0, diff + real_pixels);
     sums.add_batch(*backend_, real, image_pixels, logits, in.masks, logit_threshold, loss);
     const bool last = micro + 1 == end;
     if (last) faults_->at_step(run_step, sums.loss);
@@ -516,7 +516,8 @@ EpochMetrics Trainer::validate() {
       centerline.add_image(swept + i * image, b->masks + i * image, height_, width_,
                            logit_threshold);
     }
-    const double loss = loss_->sum(*backend_, b->n, image, logits, in.masks, 0, diff_logits_.f32());
+    const double loss =
+        loss_->sum(*backend_, b->n, height_, width_, logits, in.masks, 0, diff_logits_.f32());
     sums.add_batch(*backend_, b->n, image, logits, in.masks, logit_threshold, loss);
   }
   const auto waiting = watch("validation metric reduction");

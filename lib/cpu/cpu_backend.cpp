@@ -254,6 +254,13 @@ class CpuBackend final : public Backend {
     return cpu::dice_with_logits(images, pixels, x, y, smooth, grad_scale, dx, accumulate);
   }
 
+  double soft_cldice_with_logits(int images, int height, int width, const float* x, const float* y,
+                                 int iterations, float smooth, float grad_scale, float* dx,
+                                 bool accumulate) override {
+    return cpu::soft_cldice_with_logits(images, height, width, x, y, iterations, smooth, grad_scale,
+                                        dx, accumulate, cldice_scratch_);
+  }
+
   void confusion_counts(int64_t count, const float* x, const float* y, float threshold,
                         int64_t* counts) override {
     cpu::confusion_counts(count, x, y, threshold, counts);
@@ -336,6 +343,7 @@ class CpuBackend final : public Backend {
   Buffer copies_scratch_;  // blocked activation copies (Winograd), one layer's at a time
   Buffer weight_scratch_;  // weights (or their gradient) in oneDNN's layout, one layer's at a time
   std::vector<float> scratch_a_, scratch_b_;  // per-channel values, sized on first use
+  std::vector<float> cldice_scratch_;         // soft clDice's levels, grown on first use
   std::map<decltype(conv_key(ConvDesc{})), std::unique_ptr<cpu::ConvPrims>> conv_cache_;
   std::map<decltype(deconv_key(DeconvDesc{})), std::unique_ptr<cpu::ConvPrims>> deconv_cache_;
 };

@@ -83,6 +83,10 @@ double focal_with_logits(int64_t count, const float* x, const float* y, float al
                          float grad_scale, float* dx);
 double dice_with_logits(int images, int64_t pixels, const float* x, const float* y, float smooth,
                         float grad_scale, float* dx, bool accumulate);
+// Soft clDice per image (Backend::soft_cldice_with_logits); `scratch` grows to the floats it needs.
+double soft_cldice_with_logits(int images, int height, int width, const float* x, const float* y,
+                               int iterations, float smooth, float grad_scale, float* dx,
+                               bool accumulate, std::vector<float>& scratch);
 void confusion_counts(int64_t count, const float* x, const float* y, float threshold,
                       int64_t* counts);
 

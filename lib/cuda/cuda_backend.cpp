@@ -27,6 +27,7 @@ class CudaBackendImpl final : public CudaBackend {
         workspace_(heap_, "the convolution workspace"),
         conv_(cudnn_.get(), heap_, workspace_, options),
         staging_(heap_),
+        cldice_scratch_(heap_, "the soft clDice levels"),
         name_(str_cat(
             "cuda (cuDNN ", cudnn_version(),
             options.precision == Precision::kBFloat16 ? ", bf16 activations and convolutions" : "",
@@ -280,6 +281,27 @@ class CudaBackendImpl final : public CudaBackend {
     return loss;
   }
 
+  double soft_cldice_with_logits(int images, int height, int width, const float* logits,
+                                 const float* target, int iterations, float smooth,
+                                 float grad_scale, float* diff_logits, bool accumulate) override {
+    if (images == 0 || height == 0 || width == 0) return 0.0;
+    cldice_scratch_.reserve(sizeof(float) *
+                            kernels::soft_cldice_scratch_floats(images, height, width, iterations));
+    std::vector<double> sums(4 * size_t(images));
+    void* dev = staging_.scratch(sizeof(double) * sums.size());
+    kernels::soft_cldice_with_logits(
+        s(), images, height, width, logits, target, iterations, smooth, grad_scale, diff_logits,
+        accumulate, static_cast<float*>(cldice_scratch_.data()), static_cast<double*>(dev));
+    staging_.fetch(dev, sums.data(), sizeof(double) * sums.size());
+    double loss = 0.0;
+    for (size_t i = 0; i < size_t(images); ++i) {
+      const double* k = sums.data() + 4 * i;
+      const double tp = (k[0] + smooth) / (k[1] + smooth), ts = (k[2] + smooth) / (k[3] + smooth);
+      loss += 1.0 - 2.0 * tp * ts / (tp + ts);
+    }
+    return loss;
+  }
+
   void confusion_counts(int64_t count, const float* logits, const float* target,
                         float logit_threshold, int64_t* counts) override {
     if (count == 0) return;
@@ -369,6 +391,7 @@ class CudaBackendImpl final : public CudaBackend {
   Arena workspace_;
   ConvEngine conv_;
   Staging staging_;
+  Arena cldice_scratch_;  // soft clDice's levels, grown on first use
   std::string name_;
   bool bf16_ = false;  // bf16 activations
 };

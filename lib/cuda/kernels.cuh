@@ -129,6 +129,13 @@ void focal_with_logits(cudaStream_t s, int64_t count, const float* logits, const
 void dice_with_logits(cudaStream_t s, int images, int64_t pixels, const float* logits,
                       const float* target, float smooth, float grad_scale, float* diff_logits,
                       bool accumulate, double* sums);
+// Soft clDice as dp::Backend::soft_cldice_with_logits, on `scratch` of
+// soft_cldice_scratch_floats() floats; sums: 4 doubles per image (sum S(p) t, sum S(p),
+// sum S(t) p, sum S(t)), from which the caller computes the loss.
+size_t soft_cldice_scratch_floats(int images, int height, int width, int iterations);
+void soft_cldice_with_logits(cudaStream_t s, int images, int height, int width, const float* logits,
+                             const float* target, int iterations, float smooth, float grad_scale,
+                             float* diff_logits, bool accumulate, float* scratch, double* sums);
 // counts[0..2] += tp, fp, fn.
 void confusion_counts(cudaStream_t s, int64_t count, const float* logits, const float* target,
                       float logit_threshold, unsigned long long* counts);

@@ -778,6 +778,38 @@ TEST_F(CudaVsCpu, FocalAndDiceWithLogits) {
   expect_close("dice diff_logits (accumulated)", c.diff, g.diff, kLibmTol);
 }
 
+// Soft clDice: continuous logits, and logits on a coarse grid (equal values in the windows, where
+// the first extremum and torch.minimum's halves route the gradient), added to a gradient.
+TEST_F(CudaVsCpu, SoftClDiceWithLogits) {
+  const int images = 3, h = 37, w = 29;
+  const size_t n = size_t(images) * h * w;
+  const Vec t = binary_target(n, 1301, 0.15f);
+  Vec coarse = random_vec(n, 1302, -2.0f, 2.0f);
+  for (float& v : coarse) v = std::round(v * 2.0f) / 2.0f;
+  for (const auto& [what, x] :
+       {std::pair<std::string, Vec>{"continuous", random_vec(n, 1303, -4.0f, 4.0f)},
+        {"coarse", coarse}}) {
+    // Written over garbage, and added to a gradient of the same scale (as after BCE and Dice).
+    const Vec before = random_vec(n, 1304, -1e-3f, 1e-3f);
+    for (const bool accumulate : {false, true}) {
+      auto run = [&](Backend& be, double* loss) {
+        Buffer lx = to_backend(be, x), lt = to_backend(be, t);
+        Buffer diff = accumulate ? to_backend(be, before) : filled(be, n, kGarbage);
+        *loss = be.soft_cldice_with_logits(images, h, w, lx.f32(), lt.f32(), 3, 1.0f, 0.5f,
+                                           diff.f32(), accumulate);
+        return to_host(diff);
+      };
+      double cl = 0, gl = 0;
+      const Vec c = run(*cpu_, &cl), g = run(*gpu_, &gl);
+      EXPECT_GT(cl, 0.0) << what;
+      const std::string at = str_cat(", ", what, accumulate ? ", accumulated" : "");
+      expect_close("soft clDice loss (sum)" + at, std::vector<double>{cl}, std::vector<double>{gl},
+                   kLibmTol);
+      expect_close("soft clDice diff_logits" + at, c, g, kLibmTol);
+    }
+  }
+}
+
 TEST_F(CudaVsCpu, ConfusionCountsAdd) {
   const size_t n = 100003;
   Vec x = random_vec(n, 1201, -3.0f, 3.0f);

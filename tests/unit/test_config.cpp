@@ -67,7 +67,19 @@ TEST(Config, LossChoices) {
   EXPECT_EQ(parse({"--loss", "bce+dice", "--pos-weight"})->loss, "bce+dice");
   EXPECT_EQ(parse({"--loss", "focal", "--focal-gamma", "0"})->focal_gamma, 0.0);
   EXPECT_EQ(usage_error({"--loss", "lovasz"}),
-            "--loss must be bce, dice, bce+dice or focal, got 'lovasz'");
+            "--loss must be bce, dice, bce+dice, focal, bce+cldice, dice+cldice or "
+            "bce+dice+cldice, got 'lovasz'");
+  EXPECT_EQ(usage_error({"--loss", "cldice+bce"}),
+            "--loss must be bce, dice, bce+dice, focal, bce+cldice, dice+cldice or "
+            "bce+dice+cldice, got 'cldice+bce'");
+  // clDice terms: BCE keeps its class weight; the weight and iterations are checked.
+  EXPECT_EQ(parse({"--loss", "bce+dice+cldice"})->pos_weight, "dataset");
+  EXPECT_EQ(parse({"--loss", "dice+cldice"})->pos_weight, "none");
+  EXPECT_NE(usage_error({"--loss", "dice+cldice", "--pos-weight"}).find("--pos-weight weights BCE"),
+            std::string::npos);
+  EXPECT_EQ(usage_error({"--cldice-weight", "0"}), "--cldice-weight must be positive, got 0");
+  EXPECT_EQ(usage_error({"--cldice-iterations", "0"}),
+            "--cldice-iterations must be in [1, 32], got 0");
   EXPECT_NE(usage_error({"--loss", "focal", "--pos-weight"}).find("--focal-alpha"),
             std::string::npos);
   EXPECT_NE(usage_error({"--focal-gamma", "-1"}).find("--focal-gamma must be >= 0"),

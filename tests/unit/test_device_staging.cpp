@@ -158,6 +158,12 @@ class SimulatedDeviceBackend : public Backend {
     return inner_->dice_with_logits(images, pixels, logits, target, smooth, grad_scale, diff_logits,
                                     accumulate);
   }
+  double soft_cldice_with_logits(int images, int height, int width, const float* logits,
+                                 const float* target, int iterations, float smooth,
+                                 float grad_scale, float* diff_logits, bool accumulate) override {
+    return inner_->soft_cldice_with_logits(images, height, width, logits, target, iterations,
+                                           smooth, grad_scale, diff_logits, accumulate);
+  }
   void confusion_counts(int64_t count, const float* logits, const float* target,
                         float logit_threshold, int64_t* counts) override {
     inner_->confusion_counts(count, logits, target, logit_threshold, counts);

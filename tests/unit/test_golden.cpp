@@ -199,5 +199,43 @@ TEST(GoldenLosses, DiceBceDiceAndFocal) {
   }
 }
 
+// --loss with cldice against PyTorch's published soft_skel (tests/golden/losses.h5): soft clDice
+// alone on continuous logits and on logits with ties (the gradient's routing at equal values),
+// and bce+dice+cldice as the trainer sums them (weight 0.5, 2 iterations).
+TEST(GoldenLosses, SoftClDice) {
+  const std::unique_ptr<Backend> be = make_cpu_backend();
+  const Golden g{std::string(DP_GOLDEN_DIR) + "/losses.h5"};
+  for (const char* name : {"cldice", "cldice_ties", "bce_dice_cldice"}) {
+    const std::string c = name;
+    const Vec x = g.read(c + "/x"), t = g.read(c + "/target");
+    const int images = int(g.attr_int(c, "images")), h = int(g.attr_int(c, "height")),
+              w = int(g.attr_int(c, "width"));
+    const int iterations = int(g.attr_int(c, "iterations"));
+    const float smooth = float(g.attr_double(c, "smooth")),
+                weight = float(g.attr_double(c, "weight"));
+    const int64_t n = int64_t(x.size()), pixels = int64_t(h) * w;
+    ASSERT_EQ(n, images * pixels) << name;
+    Vec dx(x.size());
+    double loss = 0;
+    const bool combined = c == "bce_dice_cldice";
+    if (combined) {
+      loss = be->bce_with_logits(n, x.data(), t.data(), float(g.attr_double(c, "pos_weight")),
+                                 1.0f / float(n), dx.data()) /
+             double(n);
+      loss += be->dice_with_logits(images, pixels, x.data(), t.data(), smooth, 1.0f / float(images),
+                                   dx.data(), true) /
+              double(images);
+    }
+    loss += weight *
+            be->soft_cldice_with_logits(images, h, w, x.data(), t.data(), iterations, smooth,
+                                        weight / float(images), dx.data(), combined) /
+            double(images);
+    const double want = g.attr_double(c, "loss");
+    std::printf("[golden] %-28s loss %.8f vs %.8f\n", name, loss, want);
+    EXPECT_NEAR(loss, want, 1e-6 * std::fabs(want)) << name;
+    g.expect_close(c + "/dx", dx);
+  }
+}
+
 }  // namespace
 }  // namespace dp

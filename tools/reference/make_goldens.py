@@ -169,6 +169,73 @@ def focal_loss(x, t, alpha, gamma):
     return loss.mean()
 
 
+def soft_erode(img):
+    """The published soft erosion (Shit et al., clDice repository): min of 3x1 and 1x3 min-pools."""
+    p1 = -F.max_pool2d(-img, (3, 1), (1, 1), (1, 0))
+    p2 = -F.max_pool2d(-img, (1, 3), (1, 1), (0, 1))
+    return torch.min(p1, p2)
+
+
+def soft_dilate(img):
+    return F.max_pool2d(img, (3, 3), (1, 1), (1, 1))
+
+
+def soft_skel(img, iterations):
+    """The published soft_skel: the opening's residues of `iterations` successive erosions."""
+    skel = F.relu(img - soft_dilate(soft_erode(img)))
+    for _ in range(iterations):
+        img = soft_erode(img)
+        delta = F.relu(img - soft_dilate(soft_erode(img)))
+        skel = skel + F.relu(delta - skel * delta)
+    return skel
+
+
+def soft_cldice_loss(x, t, iterations, smooth):
+    """Soft clDice per image (the published soft_cldice with per-image sums), averaged."""
+    p = torch.sigmoid(x)
+    sp, st = soft_skel(p, iterations), soft_skel(t, iterations)
+    tprec = ((sp * t).sum(dim=(1, 2, 3)) + smooth) / (sp.sum(dim=(1, 2, 3)) + smooth)
+    tsens = ((st * p).sum(dim=(1, 2, 3)) + smooth) / (st.sum(dim=(1, 2, 3)) + smooth)
+    return (1 - 2 * tprec * tsens / (tprec + tsens)).mean()
+
+
+def crack_masks(n, h, w):
+    """n masks (N, 1, H, W) float64 of one to three random bands 1-4 px wide; the last empty."""
+    y, x = torch.meshgrid(torch.arange(h, dtype=torch.float64), torch.arange(w, dtype=torch.float64),
+                          indexing="ij")
+    t = torch.zeros(n, 1, h, w, dtype=torch.float64)
+    for i in range(n - 1):
+        for _ in range(int(torch.randint(1, 4, ()))):
+            a = float(torch.rand(()) * 3.1416)
+            c = torch.rand(2, dtype=torch.float64) * torch.tensor([h, w], dtype=torch.float64)
+            d = ((y - c[0]) * torch.cos(torch.tensor(a)) - (x - c[1]) * torch.sin(torch.tensor(a))).abs()
+            t[i, 0] = torch.maximum(t[i, 0], (d < 0.5 + float(torch.rand(()) * 1.5)).to(torch.float64))
+    return t
+
+
+def cldice_loss_goldens(f):
+    """--loss with cldice: soft clDice's value and gradient, alone (continuous logits, and logits
+    on a coarse grid so that windows hold equal values: max-pooling's first index and
+    torch.minimum's halves decide the gradient) and as bce+dice+cldice."""
+    n, h, w = 4, 24, 20
+    t = crack_masks(n, h, w)
+    x = rand(n, 1, h, w, lo=-4.0, hi=4.0)
+    xq = (torch.randint(-4, 5, (n, 1, h, w)).to(torch.float64) / 2).requires_grad_()
+    pw = torch.tensor([3.0], dtype=torch.float64)
+    cases = [("cldice", x, dict(iterations=3, smooth=1.0, weight=1.0),
+              lambda: soft_cldice_loss(x, t, 3, 1.0)),
+             ("cldice_ties", xq, dict(iterations=3, smooth=1.0, weight=1.0),
+              lambda: soft_cldice_loss(xq, t, 3, 1.0)),
+             ("bce_dice_cldice", x, dict(iterations=2, smooth=1.0, weight=0.5, pos_weight=3.0),
+              lambda: F.binary_cross_entropy_with_logits(x, t, pos_weight=pw) + dice_loss(x, t, 1.0)
+              + 0.5 * soft_cldice_loss(x, t, 2, 1.0))]
+    for name, xs, attrs, fn in cases:
+        loss = fn()
+        (dx,) = torch.autograd.grad(loss, [xs])
+        write_case(f, name, dict(attrs, loss=float(loss), images=n, height=h, width=w), x=nhwc(xs),
+                   target=nhwc(t), dx=nhwc(dx))
+
+
 def loss_goldens(path):
     """--loss bce+dice, dice and focal: value and gradient on 3 images (one without cracks)."""
     torch.manual_seed(2468)
@@ -189,6 +256,7 @@ def loss_goldens(path):
             images = 2 if name == "dice_smooth0" else 3
             write_case(f, name, dict(attrs, loss=float(loss), images=images), x=nhwc(x[:images]),
                        target=nhwc(t[:images]), dx=nhwc(dx[:images]))
+        cldice_loss_goldens(f)
 
 
 def canonical_tensors(model, kind):

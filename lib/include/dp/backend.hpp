@@ -188,6 +188,16 @@ class Backend {
   virtual double dice_with_logits(int images, int64_t pixels, const float* logits,
                                   const float* target, float smooth, float grad_scale,
                                   float* diff_logits, bool accumulate) = 0;
+  // Soft clDice loss per image (Shit et al., CVPR 2021): `images` images of height x width;
+  // p = sigmoid(logit); S() the published soft skeleton with `iterations` soft erosions (minimum
+  // of the vertical and horizontal 3-pixel minima; opening: their 3x3 maximum). Image i's loss is
+  // 1 - 2 T_prec T_sens / (T_prec + T_sens), T_prec = (sum S(p) t + smooth) / (sum S(p) + smooth),
+  // T_sens = (sum S(t) p + smooth) / (sum S(t) + smooth). Returns the SUM over the images; writes
+  // (accumulate: adds to) diff_logits d(loss_sum)/d(logit) * grad_scale, with max-pooling's
+  // gradient routing (the first extremum of a window) and torch.minimum's halves at ties.
+  virtual double soft_cldice_with_logits(int images, int height, int width, const float* logits,
+                                         const float* target, int iterations, float smooth,
+                                         float grad_scale, float* diff_logits, bool accumulate) = 0;
   // Adds to counts[0..2] (host) the true positives, false positives and false negatives of
   // (logit > logit_threshold) against target (0/1).
   virtual void confusion_counts(int64_t count, const float* logits, const float* target,
