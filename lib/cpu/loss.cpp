@@ -75,127 +75,150 @@ double dice_with_logits(int images, int64_t pixels, const float* x, const float*
   return total;
 }
 
-// Soft clDice (Shit et al., CVPR 2021; the published soft_skel): every array holds `images`
+// Soft clDice (Shit et al., CVPR 2021; the published soft_skel): every plane holds `images`
 // images of h x w floats. Soft erosion is the minimum of a vertical and a horizontal 3-pixel
 // minimum, soft dilation a 3x3 maximum (windows clipped at the border, as max-pooling's -inf
-// padding). The backward passes gather: each input pixel sums the output gradients of the
-// windows whose first minimum / maximum in scan order it is (PyTorch's max-pool indices), and
-// the minimum of two equal values passes half the gradient to each (torch.minimum).
+// padding). The forward passes record, per output pixel, where its window's first minimum /
+// maximum in scan order lies (PyTorch's max-pool indices) and which of the two minima is smaller;
+// the backward passes gather: each input pixel sums the gradients of the windows that chose it,
+// and the minimum of two equal values passes half the gradient to each (torch.minimum). The CUDA
+// version (lib/cuda/loss.cu) finds the same windows' extrema again instead of recording them; the
+// sums run in the same order, so both give the same bits.
 namespace {
 
 struct Grid {
-  int64_t images;
-  int h, w;
-  int64_t count() const { return images * h * w; }
+  int images, h, w;
+  int64_t plane() const { return int64_t(images) * h * w; }
 };
 
-// The first minimum of the vertical (dy) or horizontal window centred on (y, x): its offset.
-inline int64_t vertical_min(const float* img, int y, int x, int h, int w) {
-  int64_t best = int64_t(y > 0 ? y - 1 : y) * w + x;
-  for (int yy = (y > 0 ? y : y + 1); yy <= y + 1 && yy < h; ++yy)
-    if (img[int64_t(yy) * w + x] < img[best]) best = int64_t(yy) * w + x;
-  return best;
-}
-
-inline int64_t horizontal_min(const float* img, int y, int x, int w) {
-  const int64_t row = int64_t(y) * w;
-  int64_t best = row + (x > 0 ? x - 1 : x);
-  for (int xx = (x > 0 ? x : x + 1); xx <= x + 1 && xx < w; ++xx)
-    if (img[row + xx] < img[best]) best = row + xx;
-  return best;
-}
-
-inline int64_t window_max(const float* img, int y, int x, int h, int w) {
-  int64_t best = -1;
-  for (int yy = y - 1; yy <= y + 1; ++yy) {
-    if (yy < 0 || yy >= h) continue;
-    for (int xx = x - 1; xx <= x + 1; ++xx) {
-      if (xx < 0 || xx >= w) continue;
-      const int64_t i = int64_t(yy) * w + xx;
-      if (best < 0 || img[i] > img[best]) best = i;
+// Erosion code of an output pixel: bits 0-1 the row (0..2 = y-1..y+1) of the vertical minimum,
+// bits 2-3 the column of the horizontal one, bits 4-5 which is smaller (0 vertical, 1 equal, 2
+// horizontal). Dilation code: the 3x3 window's maximum at (row, column) = (code / 3, code % 3).
+void erode(const Grid& g, const float* in, float* out, uint8_t* code) {
+  const int h = g.h, w = g.w;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int im = 0; im < g.images; ++im)
+    for (int y = 0; y < h; ++y) {
+      const int64_t base = (int64_t(im) * h + y) * w;
+      const float* row = in + base;
+      const float* up = y > 0 ? row - w : nullptr;
+      const float* down = y + 1 < h ? row + w : nullptr;
+      for (int x = 0; x < w; ++x) {
+        // The first minimum in scan order: a later value must be strictly smaller.
+        int vr = 1;
+        float v = row[x];
+        if (up != nullptr) vr = 0, v = up[x];
+        if (row[x] < v) vr = 1, v = row[x];
+        if (down != nullptr && down[x] < v) vr = 2, v = down[x];
+        int hc = x > 0 ? 0 : 1;
+        float hv = row[x > 0 ? x - 1 : x];
+        if (row[x] < hv) hc = 1, hv = row[x];
+        if (x + 1 < w && row[x + 1] < hv) hc = 2, hv = row[x + 1];
+        const int cmp = v < hv ? 0 : v == hv ? 1 : 2;
+        out[base + x] = cmp == 2 ? hv : v;
+        code[base + x] = uint8_t(vr | hc << 2 | cmp << 4);
+      }
     }
-  }
-  return best;
 }
 
-void erode(const Grid& g, const float* in, float* out) {
-  const int64_t hw = int64_t(g.h) * g.w;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < g.count(); ++i) {
-    const float* img = in + i / hw * hw;
-    const int y = int(i % hw / g.w), x = int(i % g.w);
-    out[i] = std::fmin(img[vertical_min(img, y, x, g.h, g.w)], img[horizontal_min(img, y, x, g.w)]);
-  }
+void dilate(const Grid& g, const float* in, float* out, uint8_t* code) {
+  const int h = g.h, w = g.w;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int im = 0; im < g.images; ++im)
+    for (int y = 0; y < h; ++y) {
+      const int64_t base = (int64_t(im) * h + y) * w;
+      for (int x = 0; x < w; ++x) {
+        int best = -1;
+        float m = 0.0f;
+        for (int dy = 0; dy < 3; ++dy) {
+          const int yy = y + dy - 1;
+          if (yy < 0 || yy >= h) continue;
+          const float* r = in + base + int64_t(dy - 1) * w;
+          for (int dx = 0; dx < 3; ++dx) {
+            const int xx = x + dx - 1;
+            if (xx < 0 || xx >= w) continue;
+            if (best < 0 || r[xx] > m) best = dy * 3 + dx, m = r[xx];
+          }
+        }
+        out[base + x] = m;
+        code[base + x] = uint8_t(best);
+      }
+    }
 }
 
-void dilate(const Grid& g, const float* in, float* out) {
-  const int64_t hw = int64_t(g.h) * g.w;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < g.count(); ++i) {
-    const float* img = in + i / hw * hw;
-    out[i] = img[window_max(img, int(i % hw / g.w), int(i % g.w), g.h, g.w)];
-  }
-}
-
-// g_in = add + d erode(in) / d in applied to g_out.
-void erode_backward(const Grid& g, const float* in, const float* g_out, const float* add,
+// g_in = add + d erode(in) / d in applied to g_out (add may be nullptr).
+void erode_backward(const Grid& g, const uint8_t* code, const float* g_out, const float* add,
                     float* g_in) {
-  const int64_t hw = int64_t(g.h) * g.w;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < g.count(); ++i) {
-    const int64_t base = i / hw * hw, q = i - base;
-    const float* img = in + base;
-    const int y = int(q / g.w), x = int(q % g.w);
-    float sum = add != nullptr ? add[i] : 0.0f;
-    // Windows that contain q: vertical ones centred at rows y-1..y+1, horizontal at x-1..x+1.
-    for (int r = 0; r < 6; ++r) {
-      const bool vertical = r < 3;
-      const int ry = vertical ? y + r - 1 : y, rx = vertical ? x : x + r - 4;
-      if (ry < 0 || ry >= g.h || rx < 0 || rx >= g.w) continue;
-      const int64_t v = vertical_min(img, ry, rx, g.h, g.w),
-                    hmin = horizontal_min(img, ry, rx, g.w);
-      if ((vertical ? v : hmin) != q) continue;
-      const float a = img[vertical ? v : hmin], b = img[vertical ? hmin : v];
-      const float share = a < b ? 1.0f : a == b ? 0.5f : 0.0f;
-      sum += share * g_out[base + int64_t(ry) * g.w + rx];
+  const int h = g.h, w = g.w;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int im = 0; im < g.images; ++im)
+    for (int y = 0; y < h; ++y) {
+      const int64_t base = (int64_t(im) * h + y) * w;
+      for (int x = 0; x < w; ++x) {
+        float sum = add != nullptr ? add[base + x] : 0.0f;
+        // The windows that contain (y, x), in the order of the CUDA version: vertical ones
+        // centred at rows y-1..y+1, then horizontal ones centred at columns x-1..x+1.
+        for (int r = 0; r < 6; ++r) {
+          const bool vertical = r < 3;
+          const int ry = vertical ? y + r - 1 : y, rx = vertical ? x : x + r - 4;
+          if (ry < 0 || ry >= h || rx < 0 || rx >= w) continue;
+          const int64_t o = base + int64_t(ry - y) * w + rx;
+          const int c = code[o], cmp = c >> 4;
+          // The window's chosen row (column) is 2 - (r % 3) when it lies on (y, x).
+          if ((vertical ? (c & 3) : (c >> 2 & 3)) != 2 - r % 3) continue;
+          const float share = cmp == 1 ? 0.5f : (cmp == 0) == vertical ? 1.0f : 0.0f;
+          sum += share * g_out[o];
+        }
+        g_in[base + x] = sum;
+      }
     }
-    g_in[i] = sum;
-  }
 }
 
-// g_in = add + d dilate(in) / d in applied to g_out.
-void dilate_backward(const Grid& g, const float* in, const float* g_out, const float* add,
+// g_in = add + d dilate(in) / d in applied to g_out (add may be nullptr).
+void dilate_backward(const Grid& g, const uint8_t* code, const float* g_out, const float* add,
                      float* g_in) {
-  const int64_t hw = int64_t(g.h) * g.w;
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < g.count(); ++i) {
-    const int64_t base = i / hw * hw, q = i - base;
-    const float* img = in + base;
-    const int y = int(q / g.w), x = int(q % g.w);
-    float sum = add != nullptr ? add[i] : 0.0f;
-    for (int ry = y - 1; ry <= y + 1; ++ry) {
-      if (ry < 0 || ry >= g.h) continue;
-      for (int rx = x - 1; rx <= x + 1; ++rx)
-        if (rx >= 0 && rx < g.w && window_max(img, ry, rx, g.h, g.w) == q)
-          sum += g_out[base + int64_t(ry) * g.w + rx];
+  const int h = g.h, w = g.w;
+#pragma omp parallel for collapse(2) schedule(static)
+  for (int im = 0; im < g.images; ++im)
+    for (int y = 0; y < h; ++y) {
+      const int64_t base = (int64_t(im) * h + y) * w;
+      for (int x = 0; x < w; ++x) {
+        float sum = add != nullptr ? add[base + x] : 0.0f;
+        for (int ry = y - 1; ry <= y + 1; ++ry) {
+          if (ry < 0 || ry >= h) continue;
+          for (int rx = x - 1; rx <= x + 1; ++rx) {
+            if (rx < 0 || rx >= w) continue;
+            const int64_t o = base + int64_t(ry - y) * w + rx;
+            // (y, x) seen from the window centred at (ry, rx): row y - ry + 1, column x - rx + 1.
+            if (code[o] == (y - ry + 1) * 3 + (x - rx + 1)) sum += g_out[o];
+          }
+        }
+        g_in[base + x] = sum;
+      }
     }
-    g_in[i] = sum;
-  }
 }
 
-// The soft skeleton of img[0] (iterations K): fills img[1..K] (the erosions), eroded_last,
-// opened[0..K] and skel[0..K] (the running skeleton after each level; skel[K] is the result).
-void soft_skeleton(const Grid& g, int iterations, std::vector<float*>& img, float* eroded_last,
-                   std::vector<float*>& opened, std::vector<float*>& skel) {
-  for (int j = 0; j <= iterations; ++j) {
-    float* eroded = j < iterations ? img[size_t(j) + 1] : eroded_last;
-    erode(g, img[size_t(j)], eroded);
-    dilate(g, eroded, opened[size_t(j)]);
-    const float *im = img[size_t(j)], *op = opened[size_t(j)];
-    const float* prev = j > 0 ? skel[size_t(j) - 1] : nullptr;
-    float* out = skel[size_t(j)];
+// The planes of a soft skeleton of K iterations: img[0] the input, img[j+1] = erode(img[j]),
+// eroded_last = erode(img[K]), opened[j] = dilate(erode(img[j])), skel[j] the running skeleton
+// after level j (skel[K] the result), and each level's erosion and dilation codes.
+struct Skeleton {
+  std::vector<float*> img, opened, skel;
+  float* eroded_last;
+  std::vector<uint8_t*> erode_code, dilate_code;
+  const float* eroded(size_t j) const { return j + 1 < img.size() ? img[j + 1] : eroded_last; }
+};
+
+void soft_skeleton(const Grid& g, const Skeleton& s) {
+  const int64_t n = g.plane();
+  for (size_t j = 0; j < s.img.size(); ++j) {
+    float* eroded = const_cast<float*>(s.eroded(j));
+    erode(g, s.img[j], eroded, s.erode_code[j]);
+    dilate(g, eroded, s.opened[j], s.dilate_code[j]);
+    const float *im = s.img[j], *op = s.opened[j];
+    const float* prev = j > 0 ? s.skel[j - 1] : nullptr;
+    float* out = s.skel[j];
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < g.count(); ++i) {
+    for (int64_t i = 0; i < n; ++i) {
       const float d = std::fmax(im[i] - op[i], 0.0f);
       out[i] = prev == nullptr ? d : prev[i] + std::fmax(d - prev[i] * d, 0.0f);
     }
@@ -208,29 +231,37 @@ double soft_cldice_with_logits(int images, int height, int width, const float* x
                                int iterations, float smooth, float grad_scale, float* dx,
                                bool accumulate, std::vector<float>& scratch) {
   const Grid g{images, height, width};
-  const int64_t n = g.count(), hw = int64_t(height) * width;
+  const int64_t n = g.plane(), hw = int64_t(height) * width;
   const size_t k = size_t(iterations);
-  // img[0..K], eroded_last, opened[0..K], skel[0..K], the truth's skeleton, 5 gradients.
-  scratch.resize(size_t(n) * (3 * k + 10));
+  // Float planes: img[0..K], eroded_last, opened[0..K], skel[0..K], the truth's skeleton, 5
+  // gradients; then 2 (K + 1) byte planes of codes.
+  const size_t floats = size_t(n) * (3 * k + 10), code_floats = (2 * (k + 1) * size_t(n) + 3) / 4;
+  scratch.resize(floats + code_floats);
   float* next = scratch.data();
   auto take = [&] { return std::exchange(next, next + n); };
-  std::vector<float*> img(k + 1), opened(k + 1), skel(k + 1);
-  for (auto* v : {&img, &opened, &skel})
+  Skeleton s;
+  s.img.resize(k + 1), s.opened.resize(k + 1), s.skel.resize(k + 1);
+  for (auto* v : {&s.img, &s.opened, &s.skel})
     for (float*& a : *v) a = take();
-  float* eroded_last = take();
+  s.eroded_last = take();
   float* truth_skel = take();
   float *g_skel = take(), *g_img = take(), *g_direct = take(), *g_opened = take(),
         *g_eroded = take();
+  auto* codes = reinterpret_cast<uint8_t*>(scratch.data() + floats);
+  for (size_t j = 0; j <= k; ++j) {
+    s.erode_code.push_back(codes + 2 * j * size_t(n));
+    s.dilate_code.push_back(codes + (2 * j + 1) * size_t(n));
+  }
 
   // The true masks' skeletons first (no gradient), then the predictions'.
-  std::copy(y, y + n, img[0]);
-  soft_skeleton(g, iterations, img, eroded_last, opened, skel);
-  std::copy(skel[k], skel[k] + n, truth_skel);
-  float* p = img[0];
+  std::copy(y, y + n, s.img[0]);
+  soft_skeleton(g, s);
+  std::copy(s.skel[k], s.skel[k] + n, truth_skel);
+  float* p = s.img[0];
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) p[i] = 1.0f / (1.0f + std::exp(-x[i]));
-  soft_skeleton(g, iterations, img, eroded_last, opened, skel);
-  const float* pred_skel = skel[k];
+  soft_skeleton(g, s);
+  const float* pred_skel = s.skel[k];
 
   // Per image: topology precision T = (sum S(p) t + s) / (sum S(p) + s), sensitivity
   // S = (sum S(t) p + s) / (sum S(t) + s), loss 1 - 2 T S / (T + S).
@@ -266,7 +297,7 @@ double soft_cldice_with_logits(int images, int height, int width, const float* x
   // d = relu(img[j] - opened[j]), opened[j] = dilate(eroded[j]), eroded[j] = erode(img[j]) =
   // img[j+1]. g_img holds the gradient of img[j+1] from the levels above.
   for (size_t j = k + 1; j-- > 0;) {
-    const float *im = img[j], *op = opened[j], *prev = j > 0 ? skel[j - 1] : nullptr;
+    const float *im = s.img[j], *op = s.opened[j], *prev = j > 0 ? s.skel[j - 1] : nullptr;
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       const float d = std::fmax(im[i] - op[i], 0.0f);
@@ -280,9 +311,8 @@ double soft_cldice_with_logits(int images, int height, int width, const float* x
       g_opened[i] = pos ? -gd : 0.0f;
       g_direct[i] = pos ? gd : 0.0f;
     }
-    const float* eroded = j < k ? img[j + 1] : eroded_last;
-    dilate_backward(g, eroded, g_opened, j < k ? g_img : nullptr, g_eroded);
-    erode_backward(g, im, g_eroded, g_direct, g_img);
+    dilate_backward(g, s.dilate_code[j], g_opened, j < k ? g_img : nullptr, g_eroded);
+    erode_backward(g, s.erode_code[j], g_eroded, g_direct, g_img);
   }
   // g_img is now the gradient of the skeleton's input p; add the sensitivity term.
 #pragma omp parallel for schedule(static)

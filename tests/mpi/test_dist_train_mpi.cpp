@@ -120,7 +120,7 @@ TEST(DistTrain, EveryLossDoesNotDependOnTheWorldSize) {
   // bce+dice as dptrain runs it by default: class-balanced BCE (--pos-weight dataset).
   for (const auto& [loss, pos_weight] :
        {std::pair{"dice", "none"}, std::pair{"bce+dice", "none"}, std::pair{"bce+dice", "dataset"},
-        std::pair{"focal", "none"}}) {
+        std::pair{"focal", "none"}, std::pair{"bce+dice+cldice", "dataset"}}) {
     SCOPED_TRACE(std::string(loss) + ", pos_weight " + pos_weight);
     expect_world_size_independent("fp32", loss, pos_weight);
   }
