@@ -22,7 +22,7 @@ cool (--lr-schedule cooldown), coolN (cooldown with --cooldown-epochs N),
 det (--deterministic: direct convolution kernels, so that a seed is one run), sgd (the default
 until 2026-12-03: --optimizer sgd --lr-schedule step), bcecl / dicecl / bcedicecl (--loss
 bce+cldice / dice+cldice / bce+dice+cldice; a suffix wN sets --cldice-weight N/10, iN
---cldice-iterations N: bcediceclw5i5);
+--cldice-iterations N, sN --cldice-start-epoch N: bcediceclw3s4);
 e.g. sqrt-ema-adamw-lr2.
 """
 import argparse
@@ -82,16 +82,18 @@ def recipe_options(name):
                 options += ["--cooldown-epochs", w[4:]]
         elif re.fullmatch(r"emaw?\d\d", w):
             options += ["--ema", f"0.{w[-2:]}"] + (["--ema-warmup"] if w[3] == "w" else [])
-        elif re.fullmatch(r"(bce|dice|bcedice)cl(w\d+)?(i\d+)?", w):
+        elif re.fullmatch(r"(bce|dice|bcedice)cl(w\d+)?(i\d+)?(s\d+)?", w):
             # bcecl / dicecl / bcedicecl: --loss with soft clDice; wN: --cldice-weight 0.N (w10:
-            # 1.0), iN: --cldice-iterations N
-            m = re.fullmatch(r"(bce|dice|bcedice)cl(?:w(\d+))?(?:i(\d+))?", w)
+            # 1.0), iN: --cldice-iterations N, sN: --cldice-start-epoch N
+            m = re.fullmatch(r"(bce|dice|bcedice)cl(?:w(\d+))?(?:i(\d+))?(?:s(\d+))?", w)
             options += ["--loss", {"bce": "bce+cldice", "dice": "dice+cldice",
                                    "bcedice": "bce+dice+cldice"}[m[1]]]
             if m[2]:
                 options += ["--cldice-weight", str(int(m[2]) / 10)]
             if m[3]:
                 options += ["--cldice-iterations", m[3]]
+            if m[4]:
+                options += ["--cldice-start-epoch", m[4]]
         elif w.startswith("clip") and w[4:].isdigit():
             options += ["--clip-grad-norm", w[4:]]
         elif w.startswith("lr") and w[2:].isdigit():

@@ -91,8 +91,8 @@ std::string loss_changes(const std::string& recorded, const TrainOptions& now) {
   pw = pw.empty() || pw == "0" ? "none" : pw == "1" ? "dataset" : pw;
   const std::map<std::string, std::string> is = parse_option_lines(now.describe());
   std::string changes;
-  for (const char* key :
-       {"loss", "pos_weight", "focal_alpha", "focal_gamma", "cldice_weight", "cldice_iterations"}) {
+  for (const char* key : {"loss", "pos_weight", "focal_alpha", "focal_gamma", "cldice_weight",
+                          "cldice_iterations", "cldice_start_epoch"}) {
     const bool focal_key = key[0] == 'f', cldice_key = key[0] == 'c';
     if (focal_key && (was["loss"] != "focal" || now.loss != "focal")) continue;
     const bool cldice_then = was["loss"].find("cldice") != std::string::npos;

@@ -32,12 +32,14 @@ Loss::Loss(const TrainOptions& o, float pos_weight)
       focal_alpha_(float(o.focal_alpha)),
       focal_gamma_(float(o.focal_gamma)),
       cldice_weight_(float(o.cldice_weight)),
-      cldice_iterations_(int(o.cldice_iterations)) {
+      cldice_iterations_(int(o.cldice_iterations)),
+      cldice_start_epoch_(o.cldice_start_epoch) {
   if (!valid(o.loss)) fail("--loss: unknown loss '", o.loss, "'");
   focal_ = o.loss == "focal";
   bce_ = names(o.loss, "bce");
   dice_ = names(o.loss, "dice");
   cldice_ = names(o.loss, "cldice");
+  set_epoch(0);
 }
 
 float Loss::crack_weight(const std::string& spec, float dataset_ratio) {
@@ -58,7 +60,9 @@ std::string Loss::describe(const TrainOptions& o) {
   if (names(o.loss, "dice")) add("soft Dice per image");
   if (names(o.loss, "cldice"))
     add(str_cat(o.cldice_weight == 1.0 ? "" : str_cat(o.cldice_weight, " x "),
-                "soft clDice per image (", o.cldice_iterations, " iterations)"));
+                "soft clDice per image (", o.cldice_iterations, " iterations",
+                o.cldice_start_epoch > 1 ? str_cat(", from epoch ", o.cldice_start_epoch) : "",
+                ")"));
   return terms;
 }
 
@@ -84,7 +88,7 @@ double Loss::sum(Backend& backend, int images, int height, int width, const floa
                                                        per_image, diff_logits, written);
     written = true;
   }
-  if (cldice_)
+  if (cldice_on_)
     total += double(pixels) * cldice_weight_ *
              backend.soft_cldice_with_logits(images, height, width, logits, target,
                                              cldice_iterations_, kClDiceSmooth,

@@ -34,6 +34,8 @@ class Loss {
   static bool valid(const std::string& loss);
   static bool has_bce(const std::string& loss);
   bool has_bce() const { return bce_; }
+  // The epoch (0-based) that the following sums belong to: clDice joins at --cldice-start-epoch.
+  void set_epoch(int64_t epoch) { cldice_on_ = cldice_ && epoch + 1 >= cldice_start_epoch_; }
 
   // "BCE per pixel", "soft Dice per image", ... (chart titles).
   static std::string describe(const TrainOptions& options);
@@ -42,6 +44,8 @@ class Loss {
   bool bce_ = false, dice_ = false, cldice_ = false, focal_ = false;
   float pos_weight_, focal_alpha_, focal_gamma_, cldice_weight_;
   int cldice_iterations_;
+  int64_t cldice_start_epoch_;
+  bool cldice_on_ = false;
 };
 
 }  // namespace dp::app

@@ -77,6 +77,7 @@ std::string TrainOptions::describe() const {
      << "focal_gamma = " << focal_gamma << "\n"
      << "cldice_weight = " << cldice_weight << "\n"
      << "cldice_iterations = " << cldice_iterations << "\n"
+     << "cldice_start_epoch = " << cldice_start_epoch << "\n"
      << "seed = " << seed << "\n"
      << "device = " << device << "\n"
      << "threads = " << threads << "\n"
@@ -231,6 +232,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "weight of the soft clDice term")(
       "cldice-iterations", po::value(&o.cldice_iterations)->default_value(o.cldice_iterations),
       "soft erosions of the soft skeleton (it follows cracks up to about 2 x this + 1 px wide)")(
+      "cldice-start-epoch", po::value(&o.cldice_start_epoch)->default_value(o.cldice_start_epoch),
+      "the first epoch (1-based) whose loss has the clDice term: a prediction that is still "
+      "uniform has no soft skeleton, so clDice alone would push it towards all-crack")(
       "focal-alpha", po::value(&o.focal_alpha)->default_value(o.focal_alpha),
       "focal loss: weight of crack pixels, 1 - alpha of background (< 0: no weighting)")(
       "focal-gamma", po::value(&o.focal_gamma)->default_value(o.focal_gamma),
@@ -430,6 +434,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
           "--cldice-weight must be positive, got ", o.cldice_weight);
   require(o.cldice_iterations >= 1 && o.cldice_iterations <= 32,
           "--cldice-iterations must be in [1, 32], got ", o.cldice_iterations);
+  require(o.cldice_start_epoch >= 1, "--cldice-start-epoch must be at least 1, got ",
+          o.cldice_start_epoch);
   require(o.focal_alpha <= 1, "--focal-alpha must be <= 1 (< 0: off), got ", o.focal_alpha);
   require(o.focal_gamma >= 0, "--focal-gamma must be >= 0, got ", o.focal_gamma);
   require(Loss::crack_weight(o.pos_weight, 1.0f) > 0,

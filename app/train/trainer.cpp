@@ -343,6 +343,7 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
   EpochContext e;
   e.epoch = epoch;
   e.lr = float(epoch_lr(opt_, epoch, comm_.size()));
+  loss_->set_epoch(epoch);  // and for the validation that follows
   // A mid-epoch checkpoint continues its epoch after its steps, at its position of the epoch's
   // global order, with the epoch's partial sums (rank 0 carries them).
   const bool resuming = epoch == state_.epoch && state_.epoch_step > 0;

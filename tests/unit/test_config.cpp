@@ -80,6 +80,8 @@ TEST(Config, LossChoices) {
   EXPECT_EQ(usage_error({"--cldice-weight", "0"}), "--cldice-weight must be positive, got 0");
   EXPECT_EQ(usage_error({"--cldice-iterations", "0"}),
             "--cldice-iterations must be in [1, 32], got 0");
+  EXPECT_EQ(usage_error({"--cldice-start-epoch", "0"}),
+            "--cldice-start-epoch must be at least 1, got 0");
   EXPECT_NE(usage_error({"--loss", "focal", "--pos-weight"}).find("--focal-alpha"),
             std::string::npos);
   EXPECT_NE(usage_error({"--focal-gamma", "-1"}).find("--focal-gamma must be >= 0"),
@@ -104,7 +106,7 @@ TEST(Config, PosWeightTakesARuleOrANumber) {
               std::string("--pos-weight must be none, dataset, sqrt or a positive number, got '") +
                   bad + "'")
         << bad;
-  EXPECT_NE(usage_error({"--loss", "dice", "--pos-weight", "sqrt"}).find("--loss bce or bce+dice"),
+  EXPECT_NE(usage_error({"--loss", "dice", "--pos-weight", "sqrt"}).find("a --loss that has bce"),
             std::string::npos);
   EXPECT_EQ(app::Loss::crack_weight("none", 64.0f), 1.0f);
   EXPECT_EQ(app::Loss::crack_weight("dataset", 64.0f), 64.0f);
@@ -152,4 +154,33 @@ TEST(Config, HelpIsGroupedByTopic) {
 }
 
 }  // namespace
+// The loss's terms: bce+dice+cldice is the sum of the backend's three terms (clDice weighted),
+// and the clDice term joins at --cldice-start-epoch (epochs before it are bce+dice alone).
+TEST(Config, LossSumsItsTermsAndStartsClDiceAtItsEpoch) {
+  const std::unique_ptr<Backend> be = make_cpu_backend();
+  const int images = 2, h = 8, w = 6;
+  const size_t n = size_t(images) * h * w;
+  std::vector<float> x(n), t(n, 0.0f), dx(n), dx_parts(n);
+  for (size_t i = 0; i < n; ++i) x[i] = float(int(i * 7 % 11) - 5) * 0.4f;
+  for (int im = 0; im < images; ++im)
+    for (int y = 0; y < h; ++y) t[size_t(im * h * w + y * w + 2 + im)] = 1.0f;  // a line
+  auto options =
+      parse({"--loss", "bce+dice+cldice", "--cldice-weight", "0.5", "--cldice-start-epoch", "3"});
+  app::Loss loss(*options, 4.0f);
+  const int64_t pixels = int64_t(h) * w, count = int64_t(n);
+  const double bce = be->bce_with_logits(count, x.data(), t.data(), 4.0f, 0.0f, dx_parts.data());
+  const double dice = double(pixels) * be->dice_with_logits(images, pixels, x.data(), t.data(),
+                                                            1.0f, 0.0f, dx_parts.data(), true);
+  const double cldice = double(pixels) * 0.5 *
+                        be->soft_cldice_with_logits(images, h, w, x.data(), t.data(), 3, 1.0f, 0.0f,
+                                                    dx_parts.data(), true);
+  ASSERT_GT(cldice, 0.0);
+  for (const int64_t epoch : {0, 1, 2, 5}) {
+    loss.set_epoch(epoch);
+    const double got = loss.sum(*be, images, h, w, x.data(), t.data(), images, dx.data());
+    const double want = bce + dice + (epoch >= 2 ? cldice : 0.0);
+    EXPECT_NEAR(got, want, 1e-9 * want) << "epoch " << epoch;
+  }
+}
+
 }  // namespace dp
