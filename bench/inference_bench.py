@@ -333,14 +333,20 @@ def child_probe(args):
     by the parent, so oneDNN prints its info lines on the convolution here)."""
     import ctypes
     import onnxruntime as ort
-    import torch
-    conv = torch.nn.Conv2d(32, 32, 3, padding=1).eval().to(memory_format=torch.channels_last)
-    with torch.inference_mode():  # (8 channels run no oneDNN primitive in PyTorch 2.15)
-        conv(torch.zeros(1, 32, 64, 64).to(memory_format=torch.channels_last))
+    try:  # --engines dppredict ort needs no PyTorch
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        conv = torch.nn.Conv2d(32, 32, 3, padding=1).eval().to(memory_format=torch.channels_last)
+        with torch.inference_mode():  # (8 channels run no oneDNN primitive in PyTorch 2.15)
+            conv(torch.zeros(1, 32, 64, 64).to(memory_format=torch.channels_last))
     sys.stdout.flush()
     shim = getattr(ctypes.CDLL(None), "cpuid_cap_answered", None)
-    print(json.dumps({"torch": torch.__version__, "onnxruntime": ort.__version__,
-                      "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    print(json.dumps({"torch": torch.__version__ if torch else "not installed",
+                      "onnxruntime": ort.__version__,
+                      "aten_cpu_capability": torch.backends.cpu.get_cpu_capability() if torch
+                      else "-",
                       "cpuid_answered": shim() if shim else None}))
 
 
