@@ -466,7 +466,7 @@ class Bench:
     def run_dppredict(self, image, threads, precision, extra=()):
         wall, rss, out, err = run_measured(self.dppredict_cmd(image, precision, extra),
                                            dict(self.env, OMP_NUM_THREADS=str(threads)))
-        m = re.search(r"tiles (\d+)x(\d+), overlap (\d+)(?:, margin \d+)?, (\d+) per batch;.*"
+        m = re.search(r"tiles (\d+)x(\d+), overlap (\d+)(?:, margin \d+)?, (\d+) per batch\b.*"
                       r"cpu \(oneDNN[^,]*, ([^)]*)\)", out + err)
         if not m:
             raise SystemExit(f"dppredict printed no start-up line:\n{out}\n{err}")

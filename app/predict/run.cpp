@@ -435,22 +435,28 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
                           recorded, ", which --threshold auto uses");
       break;
   }
-  log.info("dppredict: ", o.checkpoint, ": ", meta.model, " (width divisor ", meta.width_divisor,
-           meta.deconv != 0 ? ", deconv" : "", ") trained ", meta.epoch, " epoch(s) on ",
-           meta.height, "x", meta.width,
-           predictor->averaged()       ? " (its averaged weights, dptrain --ema)"
-           : meta.has_averaged_weights ? " (its raw weights, --raw-weights)"
-                                       : "",
-           "; tiles ", predictor->tile_height(), "x", predictor->tile_width(), ", overlap ",
-           predictor->overlap(),
-           predictor->margin() > 0 ? str_cat(", margin ", predictor->margin()) : std::string(),
-           ", ", predictor->batch(), " per batch; ", inputs.size(), " image(s) on ", world,
-           " rank(s); rank 0 on ", device_name, ", ", threads.threads, " thread(s) per rank (",
-           threads.source, ")", o.precision == "bf16" ? ", bf16 activations" : "",
-           o.tta != "none" ? str_cat(", --tta ", o.tta, " (", tta_variants(parse_tta(o.tta)),
-                                     " variants per tile)")
-                           : std::string(),
-           "; threshold ", threshold, " (", why, ")");
+  log.info(
+      "dppredict: ", o.checkpoint, ": ", meta.model, " (width divisor ", meta.width_divisor,
+      meta.deconv != 0 ? ", deconv" : "", ") trained ", meta.epoch, " epoch(s) on ", meta.height,
+      "x", meta.width,
+      predictor->averaged()       ? " (its averaged weights, dptrain --ema)"
+      : meta.has_averaged_weights ? " (its raw weights, --raw-weights)"
+                                  : "",
+      "; tiles ", predictor->tile_height(), "x", predictor->tile_width(), ", overlap ",
+      predictor->overlap(),
+      predictor->margin() > 0 ? str_cat(", margin ", predictor->margin()) : std::string(), ", ",
+      predictor->batch(), " per batch (activations ",
+      format_mib(double(predictor->model().activation_bytes())), ", ",
+      fixed(double(predictor->model().activation_bytes()) /
+                (double(predictor->batch()) * predictor->tile_height() * predictor->tile_width()),
+            0),
+      " bytes a tile pixel); ", inputs.size(), " image(s) on ", world, " rank(s); rank 0 on ",
+      device_name, ", ", threads.threads, " thread(s) per rank (", threads.source, ")",
+      o.precision == "bf16" ? ", bf16 activations" : "",
+      o.tta != "none"
+          ? str_cat(", --tta ", o.tta, " (", tta_variants(parse_tta(o.tta)), " variants per tile)")
+          : std::string(),
+      "; threshold ", threshold, " (", why, ")");
 
   std::vector<size_t> mine;
   for (size_t i = size_t(rank); i < inputs.size(); i += size_t(world)) mine.push_back(i);
