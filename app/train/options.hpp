@@ -64,7 +64,7 @@ struct TrainOptions {
   std::string loss = "bce+dice";  // bce, dice, cldice joined by '+', or focal (docs/real-data.md)
   double focal_alpha = 0.25;      // weight of crack pixels in the focal loss (< 0: none)
   double focal_gamma = 2.0;
-  double cldice_weight = 1.0;      // the soft clDice term's weight in the sum
+  double cldice_weight = 0.3;      // the soft clDice term's weight (1 collapsed runs: real-data.md)
   int64_t cldice_iterations = 3;   // soft erosions of the soft skeleton (the published default)
   int64_t cldice_start_epoch = 1;  // the first (1-based) epoch whose loss has the clDice term
   uint64_t seed = 42;
