@@ -218,7 +218,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "skip up to K optimiser steps whose loss or gradient norm is not finite (no update), then "
       "stop (exit 3); 0: stop at the first")(
       "lr-step", po::value(&o.lr_step)->default_value(o.lr_step), "epochs between LR decays")(
-      "lr-gamma", po::value(&o.lr_gamma)->default_value(o.lr_gamma), "LR decay factor")(
+      "lr-gamma", po::value(&o.lr_gamma)->default_value(o.lr_gamma, "0.1"), "LR decay factor")(
       "pos-weight", po::value(&o.pos_weight)->implicit_value("dataset"),
       "weight of crack pixels in BCE: dataset (the default with bce and bce+dice: the file's "
       "pos_weight, background per crack pixel; class-balanced, docs/real-data.md), sqrt (its "
@@ -228,7 +228,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "CrackForest, docs/real-data.md), focal (per pixel), or bce+cldice, dice+cldice, "
       "bce+dice+cldice (with soft clDice per image, Shit et al. 2021: Dice of the soft skeletons, "
       "for thin structures); each the mean over the global batch")(
-      "cldice-weight", po::value(&o.cldice_weight)->default_value(o.cldice_weight),
+      "cldice-weight", po::value(&o.cldice_weight)->default_value(o.cldice_weight, "0.3"),
       "weight of the soft clDice term")(
       "cldice-iterations", po::value(&o.cldice_iterations)->default_value(o.cldice_iterations),
       "soft erosions of the soft skeleton (it follows cracks up to about 2 x this + 1 px wide)")(
