@@ -65,7 +65,8 @@ double update_error(const std::vector<float>& start, const std::vector<float>& a
 // np=W x batch 2 (padding on some ranks in the last step) against, on rank 0, one rank with
 // batch 2W in the same process: same weights, and the same train and validation numbers.
 void expect_world_size_independent(const std::string& precision, const std::string& loss = "bce",
-                                   const std::string& pos_weight = "none") {
+                                   const std::string& pos_weight = "none",
+                                   double update_tolerance = 1e-5) {
   const int W = test::world().size();
   SharedDir dir;
   const std::string data = write_dataset(dir);
@@ -87,7 +88,7 @@ void expect_world_size_independent(const std::string& precision, const std::stri
       "valid loss %.9f vs %.9f, iou %.9f vs %.9f\n",
       precision.c_str(), loss.c_str(), W, err, train_w.loss, train_1.loss, train_w.iou, train_1.iou,
       valid_w.loss, valid_1.loss, valid_w.iou, valid_1.iou);
-  EXPECT_LT(err, 1e-5);
+  EXPECT_LT(err, update_tolerance);
   // Padding duplicates carry no weight: the sample count is the dataset's, not the padded one.
   EXPECT_EQ(train_w.samples, kTrain);
   EXPECT_EQ(train_1.samples, kTrain);
@@ -122,7 +123,12 @@ TEST(DistTrain, EveryLossDoesNotDependOnTheWorldSize) {
        {std::pair{"dice", "none"}, std::pair{"bce+dice", "none"}, std::pair{"bce+dice", "dataset"},
         std::pair{"focal", "none"}, std::pair{"bce+dice+cldice", "dataset"}}) {
     SCOPED_TRACE(std::string(loss) + ", pos_weight " + pos_weight);
-    expect_world_size_independent("fp32", loss, pos_weight);
+    // clDice's gradient goes to each window's minimum or maximum, so where two pixels are within
+    // the logits' rounding of each other (np 1 runs other batch sizes through the convolutions)
+    // it can take the other one: measured 2.4e-5. Per image its arithmetic does not depend on
+    // the batch (GoldenLosses.SoftClDice, bit for bit).
+    const bool cldice = std::string(loss).find("cldice") != std::string::npos;
+    expect_world_size_independent("fp32", loss, pos_weight, cldice ? 1e-4 : 1e-5);
   }
 }
 
