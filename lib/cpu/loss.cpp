@@ -205,13 +205,13 @@ struct Skeleton {
   std::vector<float*> img, opened, skel;
   float* eroded_last;
   std::vector<uint8_t*> erode_code, dilate_code;
-  const float* eroded(size_t j) const { return j + 1 < img.size() ? img[j + 1] : eroded_last; }
+  float* eroded(size_t j) const { return j + 1 < img.size() ? img[j + 1] : eroded_last; }
 };
 
 void soft_skeleton(const Grid& g, const Skeleton& s) {
   const int64_t n = g.plane();
   for (size_t j = 0; j < s.img.size(); ++j) {
-    float* eroded = const_cast<float*>(s.eroded(j));
+    float* eroded = s.eroded(j);
     erode(g, s.img[j], eroded, s.erode_code[j]);
     dilate(g, eroded, s.opened[j], s.dilate_code[j]);
     const float *im = s.img[j], *op = s.opened[j];
