@@ -297,11 +297,10 @@ void soft_skeleton(cudaStream_t s, int64_t n, int h, int w, int iterations, floa
                    float* eroded_last, float* const* opened, float* const* skel) {
   for (int j = 0; j <= iterations; ++j) {
     float* eroded = j < iterations ? img[j + 1] : eroded_last;
-    launch_1d(s, n, kMaxBlocks, erode_kernel, h, w, static_cast<const float*>(img[j]), eroded);
-    launch_1d(s, n, kMaxBlocks, dilate_kernel, h, w, static_cast<const float*>(eroded), opened[j]);
-    launch_1d(s, n, kMaxBlocks, skeleton_level_kernel, static_cast<const float*>(img[j]),
-              static_cast<const float*>(opened[j]),
-              static_cast<const float*>(j > 0 ? skel[j - 1] : nullptr), skel[j]);
+    launch_1d(s, n, kMaxBlocks, erode_kernel, h, w, img[j], eroded);
+    launch_1d(s, n, kMaxBlocks, dilate_kernel, h, w, eroded, opened[j]);
+    launch_1d(s, n, kMaxBlocks, skeleton_level_kernel, img[j], opened[j],
+              j > 0 ? skel[j - 1] : nullptr, skel[j]);
   }
 }
 
@@ -342,26 +341,20 @@ void soft_cldice_with_logits(cudaStream_t s, int images, int height, int width, 
                 skel.data());
   zero(s, sums, 4 * sizeof(double) * size_t(images));
   for (int i = 0; i < images; ++i)
-    launch_1d(s, hw, kReduceBlocks, cldice_sums_kernel, static_cast<const float*>(skel[k] + i * hw),
-              target + i * hw, static_cast<const float*>(truth_skel + i * hw),
-              static_cast<const float*>(p + i * hw), sums + 4 * i);
-  launch_1d(s, n, kMaxBlocks, cldice_skeleton_grad_kernel, hw, target,
-            static_cast<const double*>(sums), smooth, g_skel);
+    launch_1d(s, hw, kReduceBlocks, cldice_sums_kernel, skel[k] + i * hw, target + i * hw,
+              truth_skel + i * hw, p + i * hw, sums + 4 * i);
+  launch_1d(s, n, kMaxBlocks, cldice_skeleton_grad_kernel, hw, target, sums, smooth, g_skel);
   for (size_t j = k + 1; j-- > 0;) {
-    launch_1d(s, n, kMaxBlocks, skeleton_level_backward_kernel, static_cast<const float*>(img[j]),
-              static_cast<const float*>(opened[j]),
-              static_cast<const float*>(j > 0 ? skel[j - 1] : nullptr), g_skel, g_opened, g_direct);
+    launch_1d(s, n, kMaxBlocks, skeleton_level_backward_kernel, img[j], opened[j],
+              j > 0 ? skel[j - 1] : nullptr, g_skel, g_opened, g_direct);
     const float* eroded = j < k ? img[j + 1] : eroded_last;
-    launch_1d(s, n, kMaxBlocks, dilate_backward_kernel, height, width, eroded,
-              static_cast<const float*>(g_opened),
-              static_cast<const float*>(j < k ? g_img : nullptr), g_eroded);
-    launch_1d(s, n, kMaxBlocks, erode_backward_kernel, height, width,
-              static_cast<const float*>(img[j]), static_cast<const float*>(g_eroded),
-              static_cast<const float*>(g_direct), g_img);
+    launch_1d(s, n, kMaxBlocks, dilate_backward_kernel, height, width, eroded, g_opened,
+              j < k ? g_img : nullptr, g_eroded);
+    launch_1d(s, n, kMaxBlocks, erode_backward_kernel, height, width, img[j], g_eroded, g_direct,
+              g_img);
   }
-  launch_1d(s, n, kMaxBlocks, cldice_grad_kernel, hw, static_cast<const float*>(g_img),
-            static_cast<const float*>(truth_skel), static_cast<const float*>(p),
-            static_cast<const double*>(sums), smooth, grad_scale, diff_logits, accumulate);
+  launch_1d(s, n, kMaxBlocks, cldice_grad_kernel, hw, g_img, truth_skel, p, sums, smooth,
+            grad_scale, diff_logits, accumulate);
 }
 
 namespace {
