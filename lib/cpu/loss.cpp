@@ -89,6 +89,13 @@ namespace {
 struct Grid {
   int images, h, w;
   int64_t plane() const { return int64_t(images) * h * w; }
+  // f(y, base) for every row of every image, base the row's first index, rows on the threads.
+  template <typename F>
+  void each_row(const F& f) const {
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int im = 0; im < images; ++im)
+      for (int y = 0; y < h; ++y) f(y, (int64_t(im) * h + y) * w);
+  }
 };
 
 // Erosion code of an output pixel: bits 0-1 the row (0..2 = y-1..y+1) of the vertical minimum,
@@ -96,106 +103,94 @@ struct Grid {
 // horizontal). Dilation code: the 3x3 window's maximum at (row, column) = (code / 3, code % 3).
 void erode(const Grid& g, const float* in, float* out, uint8_t* code) {
   const int h = g.h, w = g.w;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int im = 0; im < g.images; ++im)
-    for (int y = 0; y < h; ++y) {
-      const int64_t base = (int64_t(im) * h + y) * w;
-      const float* row = in + base;
-      const float* up = y > 0 ? row - w : nullptr;
-      const float* down = y + 1 < h ? row + w : nullptr;
-      for (int x = 0; x < w; ++x) {
-        // The first minimum in scan order: a later value must be strictly smaller.
-        int vr = 1;
-        float v = row[x];
-        if (up != nullptr) vr = 0, v = up[x];
-        if (row[x] < v) vr = 1, v = row[x];
-        if (down != nullptr && down[x] < v) vr = 2, v = down[x];
-        int hc = x > 0 ? 0 : 1;
-        float hv = row[x > 0 ? x - 1 : x];
-        if (row[x] < hv) hc = 1, hv = row[x];
-        if (x + 1 < w && row[x + 1] < hv) hc = 2, hv = row[x + 1];
-        const int cmp = v < hv ? 0 : v == hv ? 1 : 2;
-        out[base + x] = cmp == 2 ? hv : v;
-        code[base + x] = uint8_t(vr | hc << 2 | cmp << 4);
-      }
+  g.each_row([&](int y, int64_t base) {
+    const float* row = in + base;
+    const float* up = y > 0 ? row - w : nullptr;
+    const float* down = y + 1 < h ? row + w : nullptr;
+    for (int x = 0; x < w; ++x) {
+      // The first minimum in scan order: a later value must be strictly smaller.
+      int vr = 1;
+      float v = row[x];
+      if (up != nullptr) vr = 0, v = up[x];
+      if (row[x] < v) vr = 1, v = row[x];
+      if (down != nullptr && down[x] < v) vr = 2, v = down[x];
+      int hc = x > 0 ? 0 : 1;
+      float hv = row[x > 0 ? x - 1 : x];
+      if (row[x] < hv) hc = 1, hv = row[x];
+      if (x + 1 < w && row[x + 1] < hv) hc = 2, hv = row[x + 1];
+      const int cmp = v < hv ? 0 : v == hv ? 1 : 2;
+      out[base + x] = cmp == 2 ? hv : v;
+      code[base + x] = uint8_t(vr | hc << 2 | cmp << 4);
     }
+  });
 }
 
 void dilate(const Grid& g, const float* in, float* out, uint8_t* code) {
   const int h = g.h, w = g.w;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int im = 0; im < g.images; ++im)
-    for (int y = 0; y < h; ++y) {
-      const int64_t base = (int64_t(im) * h + y) * w;
-      for (int x = 0; x < w; ++x) {
-        int best = -1;
-        float m = 0.0f;
-        for (int dy = 0; dy < 3; ++dy) {
-          const int yy = y + dy - 1;
-          if (yy < 0 || yy >= h) continue;
-          const float* r = in + base + int64_t(dy - 1) * w;
-          for (int dx = 0; dx < 3; ++dx) {
-            const int xx = x + dx - 1;
-            if (xx < 0 || xx >= w) continue;
-            if (best < 0 || r[xx] > m) best = dy * 3 + dx, m = r[xx];
-          }
+  g.each_row([&](int y, int64_t base) {
+    for (int x = 0; x < w; ++x) {
+      int best = -1;
+      float m = 0.0f;
+      for (int dy = 0; dy < 3; ++dy) {
+        const int yy = y + dy - 1;
+        if (yy < 0 || yy >= h) continue;
+        const float* r = in + base + int64_t(dy - 1) * w;
+        for (int dx = 0; dx < 3; ++dx) {
+          const int xx = x + dx - 1;
+          if (xx < 0 || xx >= w) continue;
+          if (best < 0 || r[xx] > m) best = dy * 3 + dx, m = r[xx];
         }
-        out[base + x] = m;
-        code[base + x] = uint8_t(best);
       }
+      out[base + x] = m;
+      code[base + x] = uint8_t(best);
     }
+  });
 }
 
 // g_in = add + d erode(in) / d in applied to g_out (add may be nullptr).
 void erode_backward(const Grid& g, const uint8_t* code, const float* g_out, const float* add,
                     float* g_in) {
   const int h = g.h, w = g.w;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int im = 0; im < g.images; ++im)
-    for (int y = 0; y < h; ++y) {
-      const int64_t base = (int64_t(im) * h + y) * w;
-      for (int x = 0; x < w; ++x) {
-        float sum = add != nullptr ? add[base + x] : 0.0f;
-        // The windows that contain (y, x), in the order of the CUDA version: vertical ones
-        // centred at rows y-1..y+1, then horizontal ones centred at columns x-1..x+1.
-        for (int r = 0; r < 6; ++r) {
-          const bool vertical = r < 3;
-          const int ry = vertical ? y + r - 1 : y, rx = vertical ? x : x + r - 4;
-          if (ry < 0 || ry >= h || rx < 0 || rx >= w) continue;
-          const int64_t o = base + int64_t(ry - y) * w + rx;
-          const int c = code[o], cmp = c >> 4;
-          // The window's chosen row (column) is 2 - (r % 3) when it lies on (y, x).
-          if ((vertical ? (c & 3) : (c >> 2 & 3)) != 2 - r % 3) continue;
-          const float share = cmp == 1 ? 0.5f : (cmp == 0) == vertical ? 1.0f : 0.0f;
-          sum += share * g_out[o];
-        }
-        g_in[base + x] = sum;
+  g.each_row([&](int y, int64_t base) {
+    for (int x = 0; x < w; ++x) {
+      float sum = add != nullptr ? add[base + x] : 0.0f;
+      // The windows that contain (y, x), in the order of the CUDA version: vertical ones
+      // centred at rows y-1..y+1, then horizontal ones centred at columns x-1..x+1.
+      for (int r = 0; r < 6; ++r) {
+        const bool vertical = r < 3;
+        const int ry = vertical ? y + r - 1 : y, rx = vertical ? x : x + r - 4;
+        if (ry < 0 || ry >= h || rx < 0 || rx >= w) continue;
+        const int64_t o = base + int64_t(ry - y) * w + rx;
+        const int c = code[o], cmp = c >> 4;
+        // The window's chosen row (column) is 2 - (r % 3) when it lies on (y, x).
+        if ((vertical ? (c & 3) : (c >> 2 & 3)) != 2 - r % 3) continue;
+        const float share = cmp == 1 ? 0.5f : (cmp == 0) == vertical ? 1.0f : 0.0f;
+        sum += share * g_out[o];
       }
+      g_in[base + x] = sum;
     }
+  });
 }
 
 // g_in = add + d dilate(in) / d in applied to g_out (add may be nullptr).
 void dilate_backward(const Grid& g, const uint8_t* code, const float* g_out, const float* add,
                      float* g_in) {
   const int h = g.h, w = g.w;
-#pragma omp parallel for collapse(2) schedule(static)
-  for (int im = 0; im < g.images; ++im)
-    for (int y = 0; y < h; ++y) {
-      const int64_t base = (int64_t(im) * h + y) * w;
-      for (int x = 0; x < w; ++x) {
-        float sum = add != nullptr ? add[base + x] : 0.0f;
-        for (int ry = y - 1; ry <= y + 1; ++ry) {
-          if (ry < 0 || ry >= h) continue;
-          for (int rx = x - 1; rx <= x + 1; ++rx) {
-            if (rx < 0 || rx >= w) continue;
-            const int64_t o = base + int64_t(ry - y) * w + rx;
-            // (y, x) seen from the window centred at (ry, rx): row y - ry + 1, column x - rx + 1.
-            if (code[o] == (y - ry + 1) * 3 + (x - rx + 1)) sum += g_out[o];
-          }
+  g.each_row([&](int y, int64_t base) {
+    for (int x = 0; x < w; ++x) {
+      float sum = add != nullptr ? add[base + x] : 0.0f;
+      for (int ry = y - 1; ry <= y + 1; ++ry) {
+        if (ry < 0 || ry >= h) continue;
+        for (int rx = x - 1; rx <= x + 1; ++rx) {
+          if (rx < 0 || rx >= w) continue;
+          const int64_t o = base + int64_t(ry - y) * w + rx;
+          // (y, x) seen from the window centred at (ry, rx): row y - ry + 1, column x - rx + 1.
+          if (code[o] == (y - ry + 1) * 3 + (x - rx + 1)) sum += g_out[o];
         }
-        g_in[base + x] = sum;
       }
+      g_in[base + x] = sum;
     }
+  });
 }
 
 // The planes of a soft skeleton of K iterations: img[0] the input, img[j+1] = erode(img[j]),
