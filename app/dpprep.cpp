@@ -253,7 +253,7 @@ int run_build(const std::vector<std::string>& args) {
       "masks", po::value<std::string>(&opt.masks)->required(),
       "folder of masks (paired with the images by file stem)")(
       "out", po::value<std::string>(&opt.out)->required(), "output dataset file (HDF5, v1)")(
-      "val-fraction", po::value<double>(&opt.val_fraction)->default_value(opt.val_fraction),
+      "val-fraction", po::value<double>(&opt.val_fraction)->default_value(opt.val_fraction, "0.1"),
       "fraction held out for validation, stratified by whether a mask has a crack (0: none)")(
       "val-images", po::value<std::string>(&opt.val_images),
       "explicit validation images (with --val-masks; replaces --val-fraction)")(

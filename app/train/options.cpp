@@ -174,7 +174,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "divide every channel count by D (default 1; 8 for the synthetic demo)")(
       "deconv", po::bool_switch(&o.deconv), "decoder upsamples by transposed convolutions")(
       "sync-bn", po::bool_switch(&o.sync_bn), "batch-norm statistics over all ranks")(
-      "dropout", po::value(&o.dropout)->default_value(o.dropout),
+      "dropout", po::value(&o.dropout)->default_value(o.dropout, "0.2"),
       "dropout2d probability before the final layer of the ResNet UNets (training only)")(
       "encoder-weights", po::value(&o.encoder_weights),
       "pretrained encoder (tools/export_torchvision.py) for a fresh run")(
@@ -188,11 +188,11 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "optimizer", po::value(&o.optimizer)->default_value(o.optimizer),
       "adamw or sgd (PyTorch semantics; AdamW is the default since the recipe search on "
       "DeepCrack and CrackForest, docs/real-data.md)")(
-      "momentum", po::value(&o.momentum)->default_value(o.momentum), "SGD momentum")(
+      "momentum", po::value(&o.momentum)->default_value(o.momentum, "0.9"), "SGD momentum")(
       "nesterov", po::bool_switch(&o.nesterov), "SGD with Nesterov momentum")(
       "weight-decay", po::value(&o.weight_decay)->default_value(o.weight_decay),
       "weight decay (SGD: L2 added to the gradient; AdamW: decoupled)")(
-      "adam-beta1", po::value(&o.adam_beta1)->default_value(o.adam_beta1), "AdamW beta1")(
+      "adam-beta1", po::value(&o.adam_beta1)->default_value(o.adam_beta1, "0.9"), "AdamW beta1")(
       "adam-beta2", po::value(&o.adam_beta2)->default_value(o.adam_beta2), "AdamW beta2")(
       "adam-eps", po::value(&o.adam_eps)->default_value(o.adam_eps), "AdamW epsilon")(
       "lr-schedule", po::value(&o.lr_schedule)->default_value(o.lr_schedule),

@@ -151,6 +151,9 @@ TEST(Config, HelpIsGroupedByTopic) {
   for (const char* option : {"--config", "--optimizer", "--save-every", "--keep-last",
                              "--lr-schedule", "--clip-grad-norm", "--log-every"})
     EXPECT_NE(help.find(option), std::string::npos) << option;
+  // Defaults print as written, not as their nearest doubles (0.90000000000000002).
+  for (const char* noise : {"00000000", "99999999"})
+    EXPECT_EQ(help.find(noise), std::string::npos) << help;
 }
 
 }  // namespace
