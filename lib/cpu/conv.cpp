@@ -204,6 +204,10 @@ constexpr size_t kWinogradMaxScratchpad = size_t{96} << 20;
 // bench/README.md; 64 -> 32, at 21.3, is the narrowest layer that gains); below the FLOP bound
 // its primitive's creation and weight transform cost more than it saves.
 constexpr double kShapeWinogradMinChannels = 20;
+// ... and oneDNN's Winograd only where its blocked copies of the layer's input and output fit
+// this; a larger layer (a whole photograph as one tile) runs Winograd on GEMMs instead, whose
+// copies are chunks of tiles. So Winograd adds at most this plus the scratchpad cap to any run.
+constexpr size_t kShapeWinogradMaxCopies = size_t{32} << 20;
 
 // Runs `pass(a)` for each candidate kernel once to warm up, then once each timed (their
 // conversions included), and returns the fastest. (Where two are close the choice matters little;
@@ -312,7 +316,11 @@ size_t ConvPrims::blocked_bytes() const {
 }
 
 size_t ConvPrims::copies_bytes() const {
-  return std::max(blocked_bytes(), gemm ? gemm_offset + gemm->copies_bytes() : 0);
+  if (!gemm) return blocked_bytes();
+  const bool plain = std::any_of(std::begin(algo), std::end(algo), [](PassAlgo a) {
+    return a == PassAlgo::kGemm || a == PassAlgo::kTimeOnFirstUse;
+  });
+  return std::max(blocked_bytes(), gemm_offset + gemm->copies_bytes(plain));
 }
 
 void* ConvPrims::gemm_copies(const Scratch& scratch) const {
@@ -510,7 +518,8 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
         flops < kTimedPassMinFlops)
       return p;
     if (build_variant(CpuConvAlgo::kWinograd) &&
-        p->blocked->pad_bytes[BlockedPrims::kFwd] <= kWinogradMaxScratchpad) {
+        p->blocked->pad_bytes[BlockedPrims::kFwd] <= kWinogradMaxScratchpad &&
+        p->blocked->src_bytes + p->blocked->mid_bytes <= kShapeWinogradMaxCopies) {
       p->algo[BlockedPrims::kFwd] = PassAlgo::kBlocked;
       return p;
     }

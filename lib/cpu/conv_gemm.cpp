@@ -48,11 +48,12 @@ int64_t GemmConv::wide_rows() const {
   return int64_t(h) * (w + 2);
 }
 
-size_t GemmConv::copies_bytes() const {
-  const size_t shifted = aligned(size_t(padded_rows()) * cin * sizeof(float)) +
-                         size_t(wide_rows()) * cout * sizeof(float);
+size_t GemmConv::copies_bytes(bool plain) const {
   const size_t wino =
       (size_t(kWinoPoints) * kTileChunk * (cin + cout) + std::max(cin, cout)) * sizeof(float);
+  if (!plain) return wino;
+  const size_t shifted = aligned(size_t(padded_rows()) * cin * sizeof(float)) +
+                         size_t(wide_rows()) * cout * sizeof(float);
   return std::max(shifted, wino);
 }
 size_t GemmConv::weight_scratch_bytes() const {

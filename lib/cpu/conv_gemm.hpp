@@ -25,7 +25,9 @@ struct GemmConv {
   // Whether `d` is a convolution this path computes (3x3, stride 1, padding 1).
   static bool fits(const ConvDesc& d);
 
-  size_t copies_bytes() const;          // the bordered image and a wide output (gradient)
+  // The copies scratch of the passes that may run: with `plain` GEMMs the bordered image and a
+  // wide output (gradient), the image's size; the Winograd passes alone need chunks of tiles.
+  size_t copies_bytes(bool plain) const;
   size_t weight_scratch_bytes() const;  // the weights (or their gradient) as [tap][cin][cout]
 
   // As ConvPrims' passes: NHWC activations, OIHW weights (PyTorch's); the output gradient `dy`

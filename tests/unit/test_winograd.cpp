@@ -278,6 +278,40 @@ TEST(ShapeRule, WinogradForwardWhereTheChannelsPayForIt) {
   EXPECT_GT(rel_diff(y, a), 0.0);
 }
 
+// Under kShape a layer too large for oneDNN's Winograd copies (its input and output in the
+// blocked layout, e.g. a whole photograph as one tile) runs Winograd on GEMMs, whose copies are
+// chunks of tiles: the scratch stays small whatever the image, and the result is direct's within
+// rounding. A plain-GEMM choice still needs the bordered image.
+TEST(ShapeRule, LargeLayersKeepWinogradWithoutWholeImageCopies) {
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  ConvDesc small = conv(1, 96, 128, 64, 32, true, true),
+           large = conv(1, 320, 352, 64, 32, true, true);
+  small.forward_only = large.forward_only = true;
+  const size_t large_bytes = size_t(large.h) * large.w * (large.cin + large.cout) * sizeof(float);
+  ASSERT_GT(large_bytes, size_t{40} << 20);  // more than the 32 MiB bound on oneDNN's copies
+  const auto shape = [&](const ConvDesc& d) {
+    return cpu::make_conv(eng, d, false, CpuConvAlgo::kShape);
+  };
+  const bool onednn_winograd = cpu_winograd_support().empty();
+  EXPECT_EQ(shape(small)->algo[0],
+            onednn_winograd ? cpu::PassAlgo::kBlocked : cpu::PassAlgo::kGemmWinograd);
+  const auto big = shape(large);
+  EXPECT_EQ(big->algo[0], cpu::PassAlgo::kGemmWinograd);
+  EXPECT_LT(big->copies_bytes(), size_t{2} << 20) << "of " << large_bytes << " image bytes";
+  EXPECT_GT(cpu::make_conv(eng, large, false, CpuConvAlgo::kGemm)->copies_bytes(),
+            large_bytes / 2);  // the bordered input and the wide output
+  const Vec x = random_vec(size_t(large.src().numel()), 1),
+            w = random_vec(size_t(large.cin) * size_t(large.cout) * 9, 2),
+            b = random_vec(size_t(large.cout), 3);
+  Vec want(size_t(large.dst().numel())), got(want.size(), NAN);
+  backend(CpuConvAlgo::kDirect)->conv_forward(large, x.data(), w.data(), b.data(), want.data());
+  backend(CpuConvAlgo::kShape)->conv_forward(large, x.data(), w.data(), b.data(), got.data());
+  std::printf("[shape] %d->%d %dx%d as Winograd on GEMMs: y %.2e\n", large.cin, large.cout, large.h,
+              large.w, rel_diff(got, want));
+  EXPECT_LT(rel_diff(got, want), 2e-5);
+  EXPECT_GT(rel_diff(got, want), 0.0);  // Winograd ran
+}
+
 // Under kShape an inference model's 3x3 layer with 4 output channels runs as packed pixels
 // (PackedConv: P adjacent pixels of a row as P x 4 channels, P = 4 on AVX-512 and 2 on AVX2),
 // within 1e-5 of direct with and without bias and ReLU. A width that P does not divide, 16 output
