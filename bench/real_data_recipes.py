@@ -19,7 +19,8 @@ emawNN (the same at decay 0.NN), cosine
 const (a constant LR), drop (x0.1 from epoch 11: --lr-schedule step --lr-step 10 --lr-gamma 0.1),
 lrN (--lr 0.00N), clipN (--clip-grad-norm N), warm (--warmup-epochs 1), wsN (--warmup-steps N), ods (--best-metric ods),
 cool (--lr-schedule cooldown), coolN (cooldown with --cooldown-epochs N),
-det (--deterministic: direct convolution kernels, so that a seed is one run), sgd (the default
+det (--deterministic: direct convolution kernels, so that a seed is one run), dnorm (--normalize
+dataset: the file's own mean and std instead of ImageNet's), sgd (the default
 until 2026-12-03: --optimizer sgd --lr-schedule step), bcecl / dicecl / bcedicecl (--loss
 bce+cldice / dice+cldice / bce+dice+cldice; a suffix wN sets --cldice-weight N/10, iN
 --cldice-iterations N, sN --cldice-start-epoch N: bcediceclw3s4);
@@ -57,6 +58,7 @@ WORDS = {
     "drop": ["--lr-schedule", "step", "--lr-step", "10", "--lr-gamma", "0.1"],
     "ods": ["--best-metric", "ods"],
     "det": ["--deterministic"],
+    "dnorm": ["--normalize", "dataset"],
     "sgd": ["--optimizer", "sgd", "--lr-schedule", "step"],
 }
 
