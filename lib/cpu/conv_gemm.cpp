@@ -3,6 +3,7 @@
 #include "conv_gemm.hpp"
 
 #include <dnnl.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -378,28 +379,36 @@ void GemmConv::winograd(const float* in, int k_in, int k_out, const float* u, co
   float* mt = vt + kWinoPoints * kTileChunk * k_in;      // [16][chunk][k_out]
   float* zeros = mt + kWinoPoints * kTileChunk * k_out;  // k_in zeros: pixels outside the image
   std::fill_n(zeros, k_in, 0.0f);
-  for (int64_t i = 0; i < n; ++i) {
-    const float* image = in + i * int64_t(h) * w * k_in;
-    float* result = out + i * int64_t(h) * w * k_out;
-    for (int64_t t0 = 0; t0 < tiles; t0 += kTileChunk) {
-      const int64_t count = std::min(kTileChunk, tiles - t0);
-#pragma omp parallel for schedule(static)
-      for (int64_t t = 0; t < count; ++t)
-        input_tile(image, k_in, (t0 + t) / tiles_w, (t0 + t) % tiles_w, zeros, vt + t * k_in,
-                   kTileChunk * k_in);
-      for (int p = 0; p < kWinoPoints; ++p)
-        sgemm('N', 'N', count, k_out, k_in, vt + p * kTileChunk * k_in, k_in,
-              u + int64_t(p) * k_in * k_out, k_out, 0.0f, mt + p * kTileChunk * k_out, k_out);
-#pragma omp parallel for schedule(static)
-      for (int64_t t = 0; t < count; ++t) {
-        const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
-        float* o[2][2];
-        for (int r = 0; r < 2; ++r)
-          for (int c = 0; c < 2; ++c) {
-            const int64_t y = 2 * ty + r, x = 2 * tx + c;
-            o[r][c] = y < h && x < w ? result + (y * w + x) * k_out : nullptr;
-          }
-        output_transform(mt + t * k_out, kTileChunk * k_out, k_out, b, relu_out, o);
+  // Every thread takes the same rows of every chunk: the input transforms of its tiles, the 16
+  // GEMMs over those rows (each sgemm on its calling thread inside the region) and their output
+  // transforms read and write only its rows of the copies, so no thread waits for another.
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+    for (int64_t i = 0; i < n; ++i) {
+      const float* image = in + i * int64_t(h) * w * k_in;
+      float* result = out + i * int64_t(h) * w * k_out;
+      for (int64_t t0 = 0; t0 < tiles; t0 += kTileChunk) {
+        const int64_t count = std::min(kTileChunk, tiles - t0);
+        const int64_t begin = count * me / threads, end = count * (me + 1) / threads;
+        if (begin == end) continue;
+        for (int64_t t = begin; t < end; ++t)
+          input_tile(image, k_in, (t0 + t) / tiles_w, (t0 + t) % tiles_w, zeros, vt + t * k_in,
+                     kTileChunk * k_in);
+        for (int p = 0; p < kWinoPoints; ++p)
+          sgemm('N', 'N', end - begin, k_out, k_in, vt + (p * kTileChunk + begin) * k_in, k_in,
+                u + int64_t(p) * k_in * k_out, k_out, 0.0f, mt + (p * kTileChunk + begin) * k_out,
+                k_out);
+        for (int64_t t = begin; t < end; ++t) {
+          const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
+          float* o[2][2];
+          for (int r = 0; r < 2; ++r)
+            for (int c = 0; c < 2; ++c) {
+              const int64_t y = 2 * ty + r, x = 2 * tx + c;
+              o[r][c] = y < h && x < w ? result + (y * w + x) * k_out : nullptr;
+            }
+          output_transform(mt + t * k_out, kTileChunk * k_out, k_out, b, relu_out, o);
+        }
       }
     }
   }
