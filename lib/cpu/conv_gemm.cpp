@@ -379,9 +379,10 @@ void GemmConv::winograd(const float* in, int k_in, int k_out, const float* u, co
   float* mt = vt + kWinoPoints * kTileChunk * k_in;      // [16][chunk][k_out]
   float* zeros = mt + kWinoPoints * kTileChunk * k_out;  // k_in zeros: pixels outside the image
   std::fill_n(zeros, k_in, 0.0f);
-  // Every thread takes the same rows of every chunk: the input transforms of its tiles, the 16
-  // GEMMs over those rows (each sgemm on its calling thread inside the region) and their output
-  // transforms read and write only its rows of the copies, so no thread waits for another.
+  // Each thread takes its share of a chunk's rows: the input transforms of its tiles, the 16 GEMMs
+  // over those rows (each sgemm on its calling thread inside the region) and their output
+  // transforms read and write only its rows of the copies, so the threads meet once a chunk (the
+  // next chunk's shares differ where its tile count does), not after each of the 18 steps.
 #pragma omp parallel
   {
     const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
@@ -391,11 +392,10 @@ void GemmConv::winograd(const float* in, int k_in, int k_out, const float* u, co
       for (int64_t t0 = 0; t0 < tiles; t0 += kTileChunk) {
         const int64_t count = std::min(kTileChunk, tiles - t0);
         const int64_t begin = count * me / threads, end = count * (me + 1) / threads;
-        if (begin == end) continue;
         for (int64_t t = begin; t < end; ++t)
           input_tile(image, k_in, (t0 + t) / tiles_w, (t0 + t) % tiles_w, zeros, vt + t * k_in,
                      kTileChunk * k_in);
-        for (int p = 0; p < kWinoPoints; ++p)
+        for (int p = 0; p < kWinoPoints && begin < end; ++p)
           sgemm('N', 'N', end - begin, k_out, k_in, vt + (p * kTileChunk + begin) * k_in, k_in,
                 u + int64_t(p) * k_in * k_out, k_out, 0.0f, mt + (p * kTileChunk + begin) * k_out,
                 k_out);
@@ -409,6 +409,7 @@ void GemmConv::winograd(const float* in, int k_in, int k_out, const float* u, co
             }
           output_transform(mt + t * k_out, kTileChunk * k_out, k_out, b, relu_out, o);
         }
+#pragma omp barrier
       }
     }
   }
