@@ -234,6 +234,17 @@ TEST(Winograd, TimedChoiceMatchesDirect) {
   EXPECT_LT(rel_diff(b.db, a.db), 2e-5);
 }
 
+// One forward pass of `d` on `be` with the inputs of run_passes (seeds 1, 2, 3; the bias where `d`
+// has one), the output poisoned first.
+Vec forward_output(Backend& be, const ConvDesc& d) {
+  const Vec x = random_vec(size_t(d.src().numel()), 1),
+            w = random_vec(size_t(d.cout) * size_t(d.cin) * 9, 2),
+            b = random_vec(size_t(d.cout), 3);
+  Vec y(size_t(d.dst().numel()), NAN);
+  be.conv_forward(d, x.data(), w.data(), d.bias ? b.data() : nullptr, y.data());
+  return y;
+}
+
 // kShape decides by the layer's shape, without timing: the forward pass of a layer whose channels
 // pay for Winograd (64 -> 32: cin*cout/(cin+cout) = 21.3, above the bound of 20) and that has 0.2
 // GFLOP runs it (oneDNN's where it has it, else on GEMMs), within 2e-5 of direct and not bitwise
@@ -268,12 +279,7 @@ TEST(ShapeRule, WinogradForwardWhereTheChannelsPayForIt) {
   // As dppredict runs it: an inference model's forward-only convolution (no backward kernels).
   ConvDesc inference = wide;
   inference.forward_only = true;
-  const Vec x = random_vec(size_t(wide.src().numel()), 1),
-            w = random_vec(size_t(wide.cin) * size_t(wide.cout) * 9, 2),
-            b = random_vec(size_t(wide.cout), 3);
-  Vec a(size_t(wide.dst().numel())), y(a.size());
-  direct->conv_forward(wide, x.data(), w.data(), b.data(), a.data());
-  shape->conv_forward(inference, x.data(), w.data(), b.data(), y.data());
+  const Vec a = forward_output(*direct, wide), y = forward_output(*shape, inference);
   EXPECT_LT(rel_diff(y, a), 2e-5);
   EXPECT_GT(rel_diff(y, a), 0.0);
 }
@@ -300,12 +306,8 @@ TEST(ShapeRule, LargeLayersKeepWinogradWithoutWholeImageCopies) {
   EXPECT_LT(big->copies_bytes(), size_t{2} << 20) << "of " << large_bytes << " image bytes";
   EXPECT_GT(cpu::make_conv(eng, large, false, CpuConvAlgo::kGemm)->copies_bytes(),
             large_bytes / 2);  // the bordered input and the wide output
-  const Vec x = random_vec(size_t(large.src().numel()), 1),
-            w = random_vec(size_t(large.cin) * size_t(large.cout) * 9, 2),
-            b = random_vec(size_t(large.cout), 3);
-  Vec want(size_t(large.dst().numel())), got(want.size(), NAN);
-  backend(CpuConvAlgo::kDirect)->conv_forward(large, x.data(), w.data(), b.data(), want.data());
-  backend(CpuConvAlgo::kShape)->conv_forward(large, x.data(), w.data(), b.data(), got.data());
+  const Vec want = forward_output(*backend(CpuConvAlgo::kDirect), large),
+            got = forward_output(*backend(CpuConvAlgo::kShape), large);
   std::printf("[shape] %d->%d %dx%d as Winograd on GEMMs: y %.2e\n", large.cin, large.cout, large.h,
               large.w, rel_diff(got, want));
   EXPECT_LT(rel_diff(got, want), 2e-5);
@@ -339,12 +341,7 @@ TEST(ShapeRule, NarrowInferenceLayersRunAsPackedPixels) {
     const ConvDesc& d = c.d;
     SCOPED_TRACE(std::to_string(d.cin) + "->" + std::to_string(d.cout) + " " + std::to_string(d.h) +
                  "x" + std::to_string(d.w) + (d.forward_only ? " inference" : " training"));
-    const Vec x = random_vec(size_t(d.src().numel()), 1),
-              w = random_vec(size_t(d.cout) * size_t(d.cin) * 9, 2),
-              b = random_vec(size_t(d.cout), 3);
-    Vec want(size_t(d.dst().numel())), got(want.size(), -7.0f);
-    direct->conv_forward(d, x.data(), w.data(), d.bias ? b.data() : nullptr, want.data());
-    shape->conv_forward(d, x.data(), w.data(), d.bias ? b.data() : nullptr, got.data());
+    const Vec want = forward_output(*direct, d), got = forward_output(*shape, d);
     std::printf("[packed] %d->%d %dx%d: y %.2e\n", d.cin, d.cout, d.h, d.w, rel_diff(got, want));
     if (c.packed)
       EXPECT_LT(rel_diff(got, want), 1e-5);
