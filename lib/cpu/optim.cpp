@@ -2,10 +2,36 @@
 #include <cmath>
 #include <cstdint>
 #include <utility>
+#if defined(__SSE__)
+#include <xmmintrin.h>
+#endif
 
 #include "ops.hpp"
 
 namespace dp::cpu {
+namespace {
+
+// Flush-to-zero and denormals-are-zero for this thread while it lives. A unit whose gradient
+// has died leaves AdamW's moments decaying into denormals (below 1.2e-38), and x86 takes ~100x
+// longer on every instruction that meets one: AdamW took 67% of a step of UNet16 /16 on 32x32
+// images (perf) and the step was 13% slower with He-initialised weights before this. Flushed,
+// such a moment counts as 0; next to eps (1e-8) under the square root, the update is the same.
+class FlushDenormals {
+ public:
+#if defined(__SSE__)
+  FlushDenormals() : saved_(_mm_getcsr()) {
+    _mm_setcsr(saved_ | 0x8040);
+  }  // FTZ | DAZ
+  ~FlushDenormals() {
+    _mm_setcsr(saved_);
+  }
+
+ private:
+  unsigned saved_;
+#endif
+};
+
+}  // namespace
 
 void sgd_update(int64_t count, float* p, const float* grad, float* m, float lr, float momentum,
                 float weight_decay, bool nesterov) {
@@ -20,12 +46,16 @@ void sgd_update(int64_t count, float* p, const float* grad, float* m, float lr, 
 
 void adamw_update(int64_t count, float* p, const float* g, float* m, float* v, float decay,
                   float b1, float b2, float eps, float step_size, float bc2_sqrt) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < count; ++i) {
-    p[i] *= decay;
-    m[i] = b1 * m[i] + (1.0f - b1) * g[i];
-    v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
-    p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
+#pragma omp parallel
+  {
+    const FlushDenormals flush;
+#pragma omp for simd schedule(static)
+    for (int64_t i = 0; i < count; ++i) {
+      p[i] *= decay;
+      m[i] = b1 * m[i] + (1.0f - b1) * g[i];
+      v[i] = b2 * v[i] + (1.0f - b2) * g[i] * g[i];
+      p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + eps);
+    }
   }
 }
 
