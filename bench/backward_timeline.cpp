@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   mc.width_divisor = divisor;
   std::unique_ptr<dp::Model> model = dp::make_model(mc, *backend);
   model->setup(batch, size, size);
-  model->params().init_pytorch_default(1234);
+  model->params().initialize(1234);
 
   const int64_t pixels = int64_t{size} * size;
   dp::Buffer images(static_cast<size_t>(batch * pixels * 3) * sizeof(float));

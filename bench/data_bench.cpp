@@ -115,7 +115,7 @@ struct Trainer {
     mc.width_divisor = c.divisor;
     model = dp::make_model(mc, *backend);
     model->setup(c.batch, c.size, c.size);
-    model->params().init_pytorch_default(kSeed);
+    model->params().initialize(kSeed);
     sgd = std::make_unique<dp::Sgd>(model->params(), *backend, dp::SgdOptions{kLr, 0.9f, 1e-4f});
     pixels = static_cast<int64_t>(c.size) * c.size;
     diff = dp::Buffer(static_cast<size_t>(c.batch * pixels) * sizeof(float));

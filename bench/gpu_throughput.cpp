@@ -90,8 +90,8 @@ void run(const Config& c) {
   mc.deconv = c.deconv;
   auto model = dp::make_model(mc, *be);
   model->setup(c.batch, c.size, c.size);
-  model->params().init_pytorch_default(c.seed);
-  model->buffers().init_pytorch_default(c.seed);
+  model->params().initialize(c.seed);
+  model->buffers().initialize(c.seed);
   model->set_training(true);
 
   // Random images in [-2, 2) (about what normalisation gives) and sparse masks, made once.

@@ -5,7 +5,8 @@ The parity check of docs/real-data.md. Trains tools/reference/models.py's UNet16
 [N,H,W] in {0,1}) as
 
     mpirun -np 2 dptrain --data D.h5 --width-divisor 8 --batch-size 4 --threads 1 --lr 0.05 \
-        --loss bce --pos-weight none --normalize imagenet --augment flips --init-weights init.h5
+        --optimizer sgd --lr-schedule constant --loss bce --pos-weight none --normalize imagenet \
+        --augment flips --init-weights init.h5
 
 trains it: BCE with logits (mean over pixels, no pos_weight), SGD lr 0.05 constant, momentum 0.9,
 weight decay 1e-4; inputs (pixel/255 - ImageNet mean) / ImageNet std; random horizontal and

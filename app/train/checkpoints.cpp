@@ -3,6 +3,7 @@
 #include "train/checkpoints.hpp"
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -101,6 +102,20 @@ std::string loss_changes(const std::string& recorded, const TrainOptions& now) {
       changes += str_cat(changes.empty() ? "" : ", ", key, " ", was[key], " -> ", is.at(key));
   }
   return changes;
+}
+
+// The base learning rate the checkpoint was trained at where it differs from this run's, else "".
+// (--lr's default changes with --weight-init, and changed with it on 2026-12-05: a run resumed by
+// a newer dptrain without --lr would otherwise change its rate without a word.)
+std::string rate_change(const std::string& recorded, const TrainOptions& now) {
+  const std::map<std::string, std::string> was = parse_option_lines(recorded);
+  const auto it = was.find("lr");
+  if (it == was.end()) return {};
+  char* end = nullptr;
+  const double lr = std::strtod(it->second.c_str(), &end);
+  if (end == it->second.c_str() || lr == now.lr || std::fabs(lr - now.lr) <= 1e-6 * now.lr)
+    return {};
+  return it->second;
 }
 
 }  // namespace
@@ -226,8 +241,14 @@ CheckpointMeta Checkpoints::restore_or_init() {
     if (resumed_from.empty()) {
       state = CheckpointMeta{};
       state.best_valid_loss = std::numeric_limits<double>::infinity();
-      ps.init_pytorch_default(opt_.seed);
-      model_.buffers().init_pytorch_default(opt_.seed);
+      ps.initialize(opt_.seed);
+      model_.buffers().initialize(opt_.seed);
+      if (opt_.init_weights.empty())
+        log_.info("initial weights: seed ", opt_.seed, ", ",
+                  opt_.weight_init == "he"
+                      ? "He (N(0, 2/fan_out), zero bias) for the convolutions followed by a ReLU"
+                      : "PyTorch's module defaults",
+                  " (--weight-init ", opt_.weight_init, ")");
       for (const StateArena& a : optim_.state()) {  // a skipped file may have filled them
         HostArena host(ps, a.data);
         std::fill_n(host.data(), host.bytes() / sizeof(float), 0.0f);
@@ -250,6 +271,10 @@ CheckpointMeta Checkpoints::restore_or_init() {
         !resumed_from.empty() && !changes.empty())
       log_.warn("checkpoint '", resumed_from, "' was trained with another loss (", changes,
                 "); training continues with this run's (give the checkpoint's options to keep it)");
+    if (const std::string lr = rate_change(state.options, opt_);
+        !resumed_from.empty() && !lr.empty())
+      log_.warn("checkpoint '", resumed_from, "' was trained at --lr ", lr,
+                "; training continues at this run's ", opt_.lr, " (give --lr ", lr, " to keep it)");
   });
   // Every rank learns whether rank 0 restored the averages; else they start from the weights.
   int64_t restored_average = state.has_averaged_weights ? 1 : 0;

@@ -43,6 +43,7 @@ std::string TrainOptions::describe() const {
      << "deconv = " << deconv << "\n"
      << "sync_bn = " << sync_bn << "\n"
      << "dropout = " << dropout << "\n"
+     << "weight_init = " << weight_init << "\n"
      << "encoder_weights = " << encoder_weights << "\n"
      << "init_weights = " << init_weights << "\n"
      << "epochs = " << epochs << "\n"
@@ -176,6 +177,11 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "sync-bn", po::bool_switch(&o.sync_bn), "batch-norm statistics over all ranks")(
       "dropout", po::value(&o.dropout)->default_value(o.dropout, "0.2"),
       "dropout2d probability before the final layer of the ResNet UNets (training only)")(
+      "weight-init", po::value(&o.weight_init)->default_value(o.weight_init),
+      "how a fresh run starts the convolutions followed by a ReLU: he (He et al. 2015: "
+      "N(0, 2/fan_out), zero bias, as torchvision trains VGG and ResNet from scratch; the "
+      "default since docs/real-data.md's comparison on DeepCrack and CrackForest) or pytorch "
+      "(the modules' defaults: U(+-1/sqrt(fan_in)), the default until 2026-12-05)")(
       "encoder-weights", po::value(&o.encoder_weights),
       "pretrained encoder (tools/export_torchvision.py) for a fresh run")(
       "init-weights", po::value(&o.init_weights),
@@ -183,8 +189,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   po::options_description optim("Optimisation");
   optim.add_options()("epochs", po::value(&o.epochs)->default_value(o.epochs),
                       "epochs to train in total")("lr", po::value(&o.lr),
-                                                  "base learning rate (default: 0.05 with sgd, "
-                                                  "0.001 with adamw, PyTorch's AdamW default)")(
+                                                  "base learning rate (default: 0.05 with sgd; "
+                                                  "with adamw 0.002, or 0.001 (PyTorch's AdamW "
+                                                  "default) with --weight-init pytorch)")(
       "optimizer", po::value(&o.optimizer)->default_value(o.optimizer),
       "adamw or sgd (PyTorch semantics; AdamW is the default since the recipe search on "
       "DeepCrack and CrackForest, docs/real-data.md)")(
@@ -368,9 +375,13 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
     if (print_help) std::cout << all << "\n";
     return std::nullopt;
   }
-  // AdamW at SGD's rate diverges: without --lr, each optimiser gets its own default.
+  // AdamW at SGD's rate diverges: without --lr, each optimiser gets its own default. AdamW's step
+  // is absolute, and He-initialised weights are about 2.4x PyTorch's default in scale, so they
+  // take twice PyTorch's AdamW rate (docs/real-data.md).
   if (vm.count("lr") == 0)
-    o.lr = o.optimizer == "adamw" ? TrainOptions::kAdamWLr : TrainOptions::kSgdLr;
+    o.lr = o.optimizer == "sgd"         ? TrainOptions::kSgdLr
+           : o.weight_init == "pytorch" ? TrainOptions::kAdamWPytorchInitLr
+                                        : TrainOptions::kAdamWLr;
   // BCE is class-balanced unless told otherwise; the other losses have no BCE term to weight.
   if (vm.count("pos-weight") == 0) o.pos_weight = Loss::has_bce(o.loss) ? "dataset" : "none";
   o.overlap = !vm["no-overlap"].as<bool>();
@@ -382,6 +393,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
     if (!ok) throw UsageError(str_cat(msg...));
   };
   require(o.dropout >= 0 && o.dropout < 1, "--dropout must be in [0, 1), got ", o.dropout);
+  require(o.weight_init == "he" || o.weight_init == "pytorch",
+          "--weight-init must be he or pytorch, got '", o.weight_init, "'");
   require(o.threads >= 0, "--threads must be >= 0, got ", o.threads);
   require(o.batch_size >= 1, "--batch-size must be at least 1, got ", o.batch_size);
   require(o.prefetch >= 1, "--prefetch must be at least 1, got ", o.prefetch);

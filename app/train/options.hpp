@@ -28,15 +28,17 @@ struct TrainOptions {
   bool drop_last = false;  // no padding; the last partial batch of each rank is skipped
   // model
   std::string model = "unet16";
-  int width_divisor = 0;        // 0 = default: 8 for the synthetic demo, 1 with --data
-  bool deconv = false;          // transposed-convolution decoder
-  bool sync_bn = false;         // batch-norm statistics over all ranks
-  double dropout = 0.2;         // dropout2d before the final layer (ResNet UNets)
-  std::string encoder_weights;  // pretrained encoder (fresh runs only)
-  std::string init_weights;     // whole-model weights (fresh runs only)
+  int width_divisor = 0;           // 0 = default: 8 for the synthetic demo, 1 with --data
+  bool deconv = false;             // transposed-convolution decoder
+  bool sync_bn = false;            // batch-norm statistics over all ranks
+  double dropout = 0.2;            // dropout2d before the final layer (ResNet UNets)
+  std::string weight_init = "he";  // he | pytorch: convolutions followed by a ReLU, fresh runs
+  std::string encoder_weights;     // pretrained encoder (fresh runs only)
+  std::string init_weights;        // whole-model weights (fresh runs only)
   // optimisation
   int epochs = 10;
-  static constexpr double kSgdLr = 0.05, kAdamWLr = 1e-3;  // --lr's default per optimiser
+  // --lr's default per optimiser (AdamW: per --weight-init, whose weights differ in scale)
+  static constexpr double kSgdLr = 0.05, kAdamWLr = 2e-3, kAdamWPytorchInitLr = 1e-3;
   double lr = kAdamWLr;
   std::string optimizer = "adamw";  // adamw | sgd
   double momentum = 0.9;            // SGD

@@ -246,6 +246,8 @@ void Trainer::set_up_model() {
   mc.width_divisor = opt_.effective_width_divisor();
   mc.deconv = opt_.deconv;
   mc.dropout = float(opt_.dropout);
+  mc.relu_init =
+      opt_.weight_init == "pytorch" ? ModelConfig::ReluInit::kPytorch : ModelConfig::ReluInit::kHe;
   model_ = make_model(mc, *backend_);
   if (opt_.sync_bn)  // batch statistics over all ranks (forward and backward)
     model_->set_stat_reducer([this](double* sums, size_t n) {

@@ -48,10 +48,15 @@ int Model::conv(const std::string& prefix, int src, int cout, int kernel, bool r
   op.stride = stride;
   op.pad = pad;
   op.relu = relu;
+  const bool he =
+      relu && init == Init::kUniformFanIn && config_.relu_init == ModelConfig::ReluInit::kHe;
+  if (he) init = Init::kKaimingNormalFanOut;
   const int64_t fan = init == Init::kKaimingNormalFanOut ? int64_t{cout} * kernel * kernel
                                                          : int64_t{cin} * kernel * kernel;
   op.weight = params_.add(prefix + ".weight", {cout, cin, kernel, kernel}, fan, init);
-  if (bias) op.bias = params_.add(prefix + ".bias", {cout}, int64_t{cin} * kernel * kernel);
+  if (bias)
+    op.bias = params_.add(prefix + ".bias", {cout}, int64_t{cin} * kernel * kernel,
+                          he ? Init::kZeros : Init::kUniformFanIn);
   const int scale = nodes_[static_cast<size_t>(src)].scale * stride;
   return add_op(std::move(op), scale, cout);
 }
@@ -67,10 +72,17 @@ int Model::deconv(const std::string& prefix, int src, int cout, bool relu) {
   op.stride = 2;
   op.pad = 1;
   op.relu = relu;
-  // PyTorch computes ConvTranspose2d's fan_in from weight.size(1) * k * k = cout * k * k.
+  // PyTorch computes ConvTranspose2d's fan_in from weight.size(1) * k * k = cout * k * k and its
+  // fan_out (kaiming_normal_'s mode='fan_out') from weight.size(0) * k * k = cin * k * k.
   const int64_t fan = int64_t{cout} * kKernel * kKernel;
-  op.weight = params_.add(prefix + ".weight", {cin, cout, kKernel, kKernel}, fan);
-  op.bias = params_.add(prefix + ".bias", {cout}, fan);
+  if (relu && config_.relu_init == ModelConfig::ReluInit::kHe) {
+    op.weight = params_.add(prefix + ".weight", {cin, cout, kKernel, kKernel},
+                            int64_t{cin} * kKernel * kKernel, Init::kKaimingNormalFanOut);
+    op.bias = params_.add(prefix + ".bias", {cout}, fan, Init::kZeros);
+  } else {
+    op.weight = params_.add(prefix + ".weight", {cin, cout, kKernel, kKernel}, fan);
+    op.bias = params_.add(prefix + ".bias", {cout}, fan);
+  }
   return add_op(std::move(op), scale / 2, cout);
 }
 

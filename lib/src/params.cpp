@@ -70,7 +70,7 @@ void ParamStore::upload() {
   if (on_device()) values_.upload(host_, values_.bytes());
 }
 
-void ParamStore::init_pytorch_default(uint64_t seed) {
+void ParamStore::initialize(uint64_t seed) {
   DP_CHECK(finalized_, "ParamStore::init before finalize()");
   constexpr float kTwoPi = 6.283185307179586f;
   for (auto& v : views_) {

@@ -88,10 +88,10 @@ void write_tiny_checkpoint(const std::string& path, const std::vector<std::strin
   params.add("final.weight", {1, 1, 1, 1}, 1);
   params.add("final.bias", {1}, 1);
   params.finalize();
-  params.init_pytorch_default(3);
+  params.initialize(3);
   buffers.add("conv1.1.running_mean", {2}, 0, dp::Init::kZeros);
   buffers.finalize();
-  buffers.init_pytorch_default(3);
+  buffers.initialize(3);
   std::vector<std::vector<float>> arenas;
   arenas.reserve(state_names.size());
   dp::OptimizerState state;
@@ -215,7 +215,7 @@ int main(int argc, char** argv) {
   dp::ModelConfig mc;
   mc.width_divisor = 32;
   auto model = dp::make_model(mc, *backend);
-  model->params().init_pytorch_default(1);
+  model->params().initialize(1);
   dp::save_checkpoint(ck + "seed_unet16_w32.h5", model->params(), nullptr, meta_for("unet16"),
                       &model->buffers());
   write_tiny_checkpoint(ck + "seed_tiny_sgd.h5", {"momentum_buffer"});

@@ -1269,8 +1269,8 @@ class CudaModelStep : public CudaVsCpu {
             " " + std::to_string(c.size) + "px";
     cm_ = build(cpu, c);
     gm_ = build(gpu, c);
-    cm_->params().init_pytorch_default(kInitSeed);
-    cm_->buffers().init_pytorch_default(kInitSeed);
+    cm_->params().initialize(kInitSeed);
+    cm_->buffers().initialize(kInitSeed);
     if (liven) liven_decoder(cm_->params(), kInitSeed);
     copy_values(cm_->params(), gm_->params());
     copy_values(cm_->buffers(), gm_->buffers());
@@ -1432,7 +1432,7 @@ TEST_F(CudaVsCpu, PeakBytesGrowWithSetupAndTensorsAreDeviceMemory) {
               kSize, kSize, kBatch, arenas, static_cast<long long>(m->activation_bytes()),
               after_setup);
 
-  m->params().init_pytorch_default(1);
+  m->params().initialize(1);
   Buffer input = to_backend(be, random_vec(size_t(kBatch) * kSize * kSize * 3, 7));
   const float* logits = m->forward(input.f32(), kBatch);
   be.synchronize();

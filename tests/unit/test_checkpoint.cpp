@@ -25,7 +25,7 @@ struct Fixture {
     ModelConfig c;
     c.width_divisor = divisor;
     model = make_model(c, *be);
-    model->params().init_pytorch_default(seed);
+    model->params().initialize(seed);
     sgd = std::make_unique<Sgd>(model->params(), *be, SgdOptions{});
     for (int64_t i = 0; i < model->params().arena_size(); ++i)
       sgd->momentum()[i] = 0.001f * float(i % 977);
@@ -85,7 +85,7 @@ TEST(Checkpoint, BatchNormBuffersRoundTrip) {
   c.name = "unet_resnet34";
   c.width_divisor = 32;
   auto a = make_model(c, *be), b = make_model(c, *be);
-  a->params().init_pytorch_default(1);
+  a->params().initialize(1);
   ParamStore& bufs = a->buffers();
   ASSERT_FALSE(bufs.views().empty());
   for (const ParamView& v : bufs.views())  // not the arena's zero padding, which is not stored

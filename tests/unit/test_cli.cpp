@@ -2,10 +2,14 @@
 // a non-zero exit; a run checkpoints, resumes, skips a corrupt checkpoint and says when it is done.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
 #include "dp/backend.hpp"
+#include "dp/checkpoint.hpp"
+#include "dp/model.hpp"
 #include "test_util.hpp"
 
 namespace dp {
@@ -242,6 +246,42 @@ TEST_F(Cli, InitAndEncoderWeightsFromACheckpoint) {
       << r.output;
 }
 
+// --weight-init reaches the model: after one step at a rate of 1e-30, the checkpoint's weights
+// are those of a model initialised here with the same seed and kind, within 1e-20 (He's zero
+// biases included), and not those of the other kind.
+TEST_F(Cli, WeightInitReachesTheModel) {
+  auto be = make_cpu_backend();
+  for (const std::string init : {"he", "pytorch"}) {
+    SCOPED_TRACE(init);
+    const std::string dir = dir_.file(init);
+    auto r = test::run_command(dptrain(1, data_args() + " --epochs 1 --max-steps 1 --lr 1e-30 " +
+                                              "--seed 9 --model-dir " + dir +
+                                              (init == "he" ? "" : " --weight-init pytorch")));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("(--weight-init " + init + ")"), std::string::npos) << r.output;
+    ModelConfig c;
+    c.name = "unet16";
+    c.width_divisor = 16;
+    auto trained = make_model(c, *be);
+    load_checkpoint(dir + "/model_epoch_1.h5", trained->params(), OptimizerState{});
+    for (const bool he : {true, false}) {
+      c.relu_init = he ? ModelConfig::ReluInit::kHe : ModelConfig::ReluInit::kPytorch;
+      auto fresh = make_model(c, *be);
+      fresh->params().initialize(9);
+      double worst = 0;
+      for (const ParamView& v : fresh->params().views()) {
+        const ParamView* t = trained->params().find(v.name);
+        for (int64_t i = 0; i < v.numel; ++i)
+          worst = std::max(worst, double(std::fabs(v.host[i] - t->host[i])));
+      }
+      if (he == (init == "he"))
+        EXPECT_LT(worst, 1e-20);
+      else
+        EXPECT_GT(worst, 1e-3);
+    }
+  }
+}
+
 TEST_F(Cli, TrainsCheckpointsResumesAndFinishes) {
   auto r = test::run_command(dptrain(2, common() + " --epochs 1"));
   ASSERT_EQ(r.status, 0) << r.output;
@@ -277,6 +317,15 @@ TEST_F(Cli, TrainsCheckpointsResumesAndFinishes) {
   // No temporary file is left behind.
   for (const auto& e : std::filesystem::directory_iterator(dir_.file("run")))
     EXPECT_EQ(e.path().string().find(".tmp."), std::string::npos) << e.path();
+  // Another base rate (here --lr's default with --weight-init pytorch) is said, once.
+  EXPECT_EQ(count(r.output, "was trained at --lr"), 0) << r.output;
+  r = test::run_command(dptrain(2, common() + " --epochs 4 --weight-init pytorch"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output,
+                  "was trained at --lr 0.002; training continues at this run's 0.001 "
+                  "(give --lr 0.002 to keep it)"),
+            1)
+      << r.output;
 }
 
 // --synth-cache with a bare file name: the synthetic dataset goes to the working directory (it

@@ -27,19 +27,27 @@ std::string usage_error(std::vector<const char*> args) {
   return "(no error)";
 }
 
-// Without --lr each optimiser starts from its own rate (AdamW at SGD's 0.05 diverges).
-TEST(Config, LearningRateDefaultsPerOptimizer) {
+// Without --lr each optimiser starts from its own rate (AdamW at SGD's 0.05 diverges), AdamW's
+// by the scale of the initial weights (--weight-init).
+TEST(Config, LearningRateDefaultsPerOptimizerAndInit) {
   EXPECT_EQ(parse({})->optimizer, "adamw");
-  EXPECT_EQ(parse({})->lr, 1e-3);
+  EXPECT_EQ(parse({})->weight_init, "he");
+  EXPECT_EQ(parse({})->lr, 2e-3);
+  EXPECT_EQ(parse({"--weight-init", "pytorch"})->lr, 1e-3);
   EXPECT_EQ(parse({"--optimizer", "sgd"})->lr, 0.05);
-  EXPECT_EQ(parse({"--optimizer", "adamw"})->lr, 1e-3);
+  EXPECT_EQ(parse({"--optimizer", "sgd", "--weight-init", "pytorch"})->lr, 0.05);
+  EXPECT_EQ(parse({"--optimizer", "adamw"})->lr, 2e-3);
   EXPECT_EQ(parse({"--optimizer", "adamw", "--lr", "0.01"})->lr, 0.01);
+  EXPECT_EQ(parse({"--weight-init", "pytorch", "--lr", "0.004"})->lr, 0.004);
   EXPECT_EQ(parse({"--optimizer", "sgd", "--lr", "0.2"})->lr, 0.2);
   test::TempDir dir;
   const std::string path = dir.file("adamw.ini");
-  std::ofstream(path) << "optimizer = adamw\n";
+  std::ofstream(path) << "optimizer = adamw\nweight-init = pytorch\n";
   EXPECT_EQ(parse({"--config", path.c_str()})->lr, 1e-3);
-  EXPECT_NE(parse({"--optimizer", "adamw"})->describe().find("lr = 0.001\n"), std::string::npos);
+  EXPECT_NE(parse({"--optimizer", "adamw"})->describe().find("lr = 0.002\n"), std::string::npos);
+  EXPECT_NE(parse({})->describe().find("weight_init = he\n"), std::string::npos);
+  EXPECT_EQ(usage_error({"--weight-init", "xavier"}),
+            "--weight-init must be he or pytorch, got 'xavier'");
 }
 
 TEST(Config, IniValuesWithTheCommandLineWinning) {

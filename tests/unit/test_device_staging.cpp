@@ -259,7 +259,7 @@ TEST_P(DeviceStaging, ModelOptimizerAndCheckpointsMatchTheHost) {
   constexpr int kBatch = 2;
   for (Model* m : {host_model.get(), dev_model.get()}) {
     m->setup(kBatch, c.size, c.size);
-    m->params().init_pytorch_default(7);
+    m->params().initialize(7);
     const uint64_t seeds[kBatch] = {11, 12};
     m->set_dropout_seeds(seeds, kBatch);
   }

@@ -287,7 +287,7 @@ TEST_F(Export, UnexportableCheckpointsAreOneLineAndNoFile) {
   mc.name = "unet16";
   mc.width_divisor = 16;
   auto model = make_model(mc, *backend);
-  model->params().init_pytorch_default(kSeed);
+  model->params().initialize(kSeed);
   CheckpointMeta meta;
   meta.model = "unet_resnet9000";
   meta.width_divisor = 16;

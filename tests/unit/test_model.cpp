@@ -96,7 +96,7 @@ TEST(Models, InferenceSetupGivesTheSameLogitsInLessMemory) {
     c.deconv = k.deconv;
     c.width_divisor = k.divisor;
     auto train = make_model(c, *be), infer = make_model(c, *be);
-    train->params().init_pytorch_default(7);
+    train->params().initialize(7);
     std::memcpy(infer->params().values(), train->params().values(),
                 size_t(train->params().arena_size()) * sizeof(float));
     if (train->buffers().arena_size() > 0) {
@@ -140,7 +140,7 @@ TEST(Models, DropoutOnlyInTrainingAndSeeded) {
   c.dropout = 0.5f;
   auto m = make_model(c, *be);
   m->setup(2, 64, 64);
-  m->params().init_pytorch_default(3);
+  m->params().initialize(3);
   std::vector<float> x(size_t(2 * 64 * 64 * 3));
   Rng rng(8);
   for (auto& v : x) v = rng.uniform(-1, 1);
@@ -158,13 +158,64 @@ TEST(Models, DropoutOnlyInTrainingAndSeeded) {
   EXPECT_EQ(e1, e2);
 }
 
+// --weight-init he: every convolution followed by a ReLU (transposed ones too) starts from
+// N(0, 2 / fan_out) with zero bias, fan_out = weight.size(0) x k x k as PyTorch's
+// kaiming_normal_(mode='fan_out'); the final 1x1 convolution keeps PyTorch's default.
+TEST(Models, HeInitScalesTheReluConvolutionsAndZeroesTheirBiases) {
+  auto be = make_cpu_backend();
+  for (const bool deconv : {false, true}) {
+    ModelConfig c;
+    c.name = "unet16";
+    c.deconv = deconv;
+    c.relu_init = ModelConfig::ReluInit::kHe;
+    auto m = make_model(c, *be);
+    m->params().initialize(4);
+    int he_weights = 0;
+    for (const ParamView& v : m->params().views()) {
+      SCOPED_TRACE(v.name);
+      const bool final = v.name.rfind("final.", 0) == 0;
+      const bool bias = v.shape.size() == 1;
+      double sum = 0, sq = 0, peak = 0;
+      for (int64_t i = 0; i < v.numel; ++i) {
+        sum += v.host[i], sq += double(v.host[i]) * v.host[i];
+        peak = std::max(peak, double(std::fabs(v.host[i])));
+      }
+      const double mean = sum / double(v.numel), sd = std::sqrt(sq / double(v.numel) - mean * mean);
+      if (final) {  // U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in = 32 x 1 x 1: not zero
+        EXPECT_LE(peak, 1 / std::sqrt(32.0));
+        EXPECT_GT(peak, 0);
+      } else if (bias) {
+        EXPECT_EQ(peak, 0.0);
+      } else {
+        const double fan_out = double(v.shape[0] * v.shape[2] * v.shape[3]);
+        EXPECT_NEAR(sd, std::sqrt(2 / fan_out), 0.05 * std::sqrt(2 / fan_out));
+        EXPECT_NEAR(mean, 0.0, 0.05 * std::sqrt(2 / fan_out));
+        ++he_weights;
+      }
+    }
+    EXPECT_EQ(he_weights, 24);  // 25 convolutions (or 19 and 5 transposed) less the final one
+  }
+  // The PyTorch default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias.
+  auto m = unet16(*be, 1);
+  m->params().initialize(4);
+  const ParamView* w = m->params().find("conv2.0.weight");
+  const ParamView* b = m->params().find("conv2.0.bias");
+  const double bound = 1 / std::sqrt(64.0 * 9);
+  double wpeak = 0, bpeak = 0;
+  for (int64_t i = 0; i < w->numel; ++i) wpeak = std::max(wpeak, double(std::fabs(w->host[i])));
+  for (int64_t i = 0; i < b->numel; ++i) bpeak = std::max(bpeak, double(std::fabs(b->host[i])));
+  EXPECT_LE(wpeak, bound);
+  EXPECT_GT(wpeak, 0.95 * bound);
+  EXPECT_GT(bpeak, 0.5 * bound);
+}
+
 TEST(UNet16, OutputShapeAndWidthDivisor) {
   auto be = make_cpu_backend();
   auto m = unet16(*be, 8);
   EXPECT_EQ(m->params().find("conv1.0.weight")->shape, (std::vector<int64_t>{8, 3, 3, 3}));
   EXPECT_EQ(m->params().find("dec1.conv.weight")->shape, (std::vector<int64_t>{4, 12, 3, 3}));
   m->setup(3, 64, 96);
-  m->params().init_pytorch_default(1);
+  m->params().initialize(1);
   std::vector<float> x(size_t(3 * 64 * 96 * 3));
   Rng rng(5);
   for (auto& v : x) v = rng.uniform(-1, 1);
@@ -202,8 +253,8 @@ TEST(UNet16, RejectsBadSizesAndNames) {
 TEST(UNet16, InitialisationIsPyTorchDefaultAndSeeded) {
   auto be = make_cpu_backend();
   auto a = unet16(*be, 4), b = unet16(*be, 4);
-  a->params().init_pytorch_default(3);
-  b->params().init_pytorch_default(3);
+  a->params().initialize(3);
+  b->params().initialize(3);
   const ParamStore& ps = a->params();
   EXPECT_EQ(0, std::memcmp(ps.values(), b->params().values(), size_t(ps.arena_size()) * 4));
   for (const ParamView& v : ps.views()) {
@@ -234,7 +285,7 @@ TEST(UNet16, WholeModelGradientSatisfiesEulerIdentity) {
     auto m = unet16(*be, divisor);
     const int n = 2, h = 64, w = 32;
     m->setup(n, h, w);
-    m->params().init_pytorch_default(11);
+    m->params().initialize(11);
     std::vector<float> x(size_t(n * h * w * 3)), r(size_t(n * h * w));
     Rng rng(6);
     for (auto& v : x) v = rng.uniform(-2, 2);
@@ -273,7 +324,7 @@ TEST(Models, GradListenerReportsEveryParameterInArenaOrder) {
       c.deconv = deconv;
       auto m = make_model(c, *be);
       m->setup(1, 64, 64);
-      m->params().init_pytorch_default(1);
+      m->params().initialize(1);
       std::vector<float> x(64 * 64 * 3, 0.5f), g(64 * 64, 1.0f);
       m->forward(x.data(), 1);
       Recorder rec;
@@ -293,7 +344,7 @@ TEST(UNet16, FinalLayerGradientMatchesFiniteDifferences) {
   auto m = unet16(*be, 16);
   const int n = 2, h = 32, w = 32;
   m->setup(n, h, w);
-  m->params().init_pytorch_default(12);
+  m->params().initialize(12);
   std::vector<float> x(size_t(n * h * w * 3)), r(size_t(n * h * w));
   Rng rng(7);
   for (auto& v : x) v = rng.uniform(-2, 2);
@@ -355,7 +406,7 @@ TEST(Models, SharedActivationMemoryChangesNothingButTheBytes) {
         mc.share_activation_memory = share;
         auto m = make_model(mc, *be);
         m->setup(kBatch, c.size, c.size);
-        m->params().init_pytorch_default(9);
+        m->params().initialize(9);
         bytes[share] = m->activation_bytes();
         std::vector<float>& out = results[share];
         const auto keep = [&](const float* p, size_t n) { out.insert(out.end(), p, p + n); };

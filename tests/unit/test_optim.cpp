@@ -172,7 +172,7 @@ TEST(AdamW, StateRoundTripsThroughCheckpointsAndOtherOptimizersAreRefused) {
   mc.width_divisor = 16;
   auto a = make_model(mc, *be);
   auto b = make_model(mc, *be);
-  a->params().init_pytorch_default(3);
+  a->params().initialize(3);
   AdamW oa(a->params(), *be, {}), ob(b->params(), *be, {});
   const int64_t n = a->params().arena_size();
   for (int64_t i = 0; i < n; ++i) {

@@ -707,8 +707,9 @@ TEST_F(Predict, ImagesOfAnySizeAndFormatGiveMasksOfTheirSize) {
   std::ofstream(in + "/notes.txt") << "not an image, not listed";
   std::ofstream(in + "/._big.png") << "macOS metadata, hidden, not listed";
 
-  const auto r = test::run_command(dppredict(
-      2, "-o " + out + " --overlay --save-prob --prob-format png8 --threshold 0.5 " + in));
+  const auto r = test::run_command(
+      dppredict(2, "-o " + out + " --overlay --save-prob --prob-format png8 --threshold 0.5 " +
+                       "--min-crack-px 1 " + in));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("3 image(s) on 2 rank(s)"), std::string::npos) << r.output;
   const std::map<std::string, std::pair<int, int>> expected = {
@@ -722,8 +723,8 @@ TEST_F(Predict, ImagesOfAnySizeAndFormatGiveMasksOfTheirSize) {
       EXPECT_EQ(h.height, size.second) << path;
     }
   }
-  // Mask = probability > 0.5 (the probability PNG holds round(255 p)); the overlay is the image
-  // where the mask is off and tinted red where it is on.
+  // Mask = probability > 0.5 (the probability PNG holds round(255 p); no specks cleared); the
+  // overlay is the image where the mask is off and tinted red where it is on.
   const data::Image mask = data::read_image(out + "/masks/big.png", data::PixelFormat::kGray);
   const data::Image prob = data::read_image(out + "/prob/big.png", data::PixelFormat::kGray);
   const data::Image overlay = data::read_image(out + "/overlay/big.png", data::PixelFormat::kRgb);

@@ -57,8 +57,8 @@ struct Fixture {
     c.name = name;
     c.width_divisor = divisor;
     model = make_model(c, *be);
-    model->params().init_pytorch_default(1);
-    model->buffers().init_pytorch_default(1);
+    model->params().initialize(1);
+    model->buffers().initialize(1);
   }
 };
 

@@ -26,7 +26,7 @@ inline FitResult fit_one_batch(Backend& be, const ModelConfig& mc, int steps, fl
   for (float& t : target) t = t > 0.5f ? 1.0f : 0.0f;
   auto model = make_model(mc, be);
   model->setup(kBatch, kSize, kSize);
-  model->params().init_pytorch_default(5);
+  model->params().initialize(5);
   Sgd sgd(model->params(), be, {});
   std::vector<float> diff(pixels);
   FitResult r;

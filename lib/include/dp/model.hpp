@@ -18,6 +18,11 @@ struct ModelConfig {
   int width_divisor = 1;  // every hidden channel count is divided by this (CPU demos, tests)
   bool deconv = false;    // decoder blocks upsample by transposed convolution
   float dropout = 0.2f;   // dropout2d before the final layer of the ResNet UNets (training only)
+  // How a convolution followed by a ReLU starts in a fresh run: kPytorch, PyTorch's module
+  // default (Conv2d, ConvTranspose2d: U(+-1/sqrt(fan_in)) for weight and bias), or kHe, He et al.
+  // 2015 (N(0, 2 / fan_out), zero bias: torchvision's init of VGG and ResNet trained from
+  // scratch). The final 1x1 convolution and the ResNet encoders (already He) do not change.
+  enum class ReluInit { kPytorch, kHe } relu_init = ReluInit::kPytorch;
   // Activations and activation gradients whose lifetimes in a training step do not overlap share
   // memory (Model::setup plans one arena). Off: every one has its own (tests compare the two).
   bool share_activation_memory = true;

@@ -56,10 +56,11 @@ class ParamStore {
   void upload();                                      // host mirror -> values
   int64_t arena_size() const { return arena_size_; }  // floats, padding included
   int64_t count() const;                              // parameters, padding excluded
-  // Initialises every tensor by its Init kind (PyTorch's defaults; for Conv2d kaiming_uniform_
-  // with a=sqrt(5) gives U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias), each from a
-  // random stream keyed by (seed, tensor name).
-  void init_pytorch_default(uint64_t seed);
+  // Initialises every tensor by its Init kind (as PyTorch's init functions: for Conv2d's default
+  // kaiming_uniform_ with a=sqrt(5) gives U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and
+  // bias; kaiming_normal_ N(0, 2 / fan_out)), each from a random stream keyed by (seed, tensor
+  // name).
+  void initialize(uint64_t seed);
 
  private:
   std::vector<ParamView> views_;
