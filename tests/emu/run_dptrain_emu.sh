@@ -15,7 +15,13 @@ export DP_EMU_DEVICES=2 DP_EMU_GRID_LIMIT=4 OMP_NUM_THREADS=1
 # The demo's synthetic cracks, fewer of them: 6 steps of 2 x 4 images an epoch, and a validation
 # split of 16 (the emulated convolutions are slow: the demo's 128 took half of each epoch).
 "$dpprep" synth --out "$tmp/synth.h5" --train 64 --val 16 >/dev/null
-common=(--data "$tmp/synth.h5" --width-divisor 8 --max-steps 6 --log-every 1000 --no-tf32)
+# PyTorch's initialisation: the losses' 2e-4 bound below was set for it. From He's weights (the
+# default) the CPU's and the emulated cuDNN's different summation orders move the third epoch's
+# validation loss by 3e-3 to 4e-3 (2.3295 against 2.3252 at lr 0.002, 2.3374 against 2.3339 at
+# 0.001; the first epoch agrees within 2e-4): rounding amplified over 18 steps, not a path of
+# its own (initialisation is on the host, the same for both devices).
+common=(--data "$tmp/synth.h5" --width-divisor 8 --max-steps 6 --log-every 1000 --no-tf32
+  --weight-init pytorch)
 run() { bash "$mpirun" -np 2 -x DP_EMU_DEVICES -x DP_EMU_GRID_LIMIT -x OMP_NUM_THREADS "$@"; }
 check() {
   if ! eval "$1"; then
