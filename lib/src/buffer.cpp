@@ -5,13 +5,21 @@
 #include <cstring>
 #include <utility>
 
+#include <sys/mman.h>
+
 #include "dp/error.hpp"
 
 namespace dp {
 
 namespace {
 constexpr size_t kAlignment = 64;  // one cache line; what AVX-512 loads prefer
-}
+// From this size on a host buffer is aligned to, and rounded up to, whole 2 MiB pages and asks
+// for transparent huge pages (where the kernel's THP setting is "madvise", as on Debian):
+// dppredict's 36 MiB activation arena is then 18 page faults instead of 9216, with fewer TLB
+// misses after; a 1024x768 photograph's command 8-18% faster (bench/README.md).
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr size_t kHugeFrom = 4 * kHugePage;
+}  // namespace
 
 Buffer::Buffer(size_t bytes, DeviceMemory* device) : bytes_(bytes), device_(device) {
   if (bytes == 0) return;
@@ -19,9 +27,11 @@ Buffer::Buffer(size_t bytes, DeviceMemory* device) : bytes_(bytes), device_(devi
     data_ = device->allocate(bytes);
     return;
   }
-  const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  data_ = std::aligned_alloc(kAlignment, rounded);
+  const size_t align = bytes >= kHugeFrom ? kHugePage : kAlignment;
+  const size_t rounded = (bytes + align - 1) / align * align;
+  data_ = std::aligned_alloc(align, rounded);
   DP_CHECK(data_ != nullptr, "out of host memory allocating ", bytes, " bytes");
+  if (align == kHugePage) madvise(data_, rounded, MADV_HUGEPAGE);  // a hint: fine if refused
   std::memset(data_, 0, rounded);
 }
 

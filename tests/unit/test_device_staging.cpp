@@ -1,9 +1,14 @@
 // Device-memory staging on the CPU: a model, optimizer and checkpoints on a simulated device
-// (separate allocations, explicit transfers) must match the host ones exactly.
+// (separate allocations, explicit transfers) must match the host ones exactly; host buffers'
+// zero-fill, alignment and huge pages.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -340,6 +345,44 @@ TEST(DeviceStaging, BufferTransfersCheckTheirBounds) {
   Buffer moved = std::move(b);
   EXPECT_EQ(moved.device(), &mem);
   EXPECT_EQ(b.data(), nullptr);  // NOLINT(bugprone-use-after-move): moved-from is empty
+}
+
+// The THPeligible field of /proc/self/smaps for the mapping that holds `p` (-1: not found).
+int thp_eligible(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &lo, &hi) == 2 && line.find(':') > line.find(' '))
+      inside = lo <= a && a < hi;
+    else if (inside && line.rfind("THPeligible:", 0) == 0)
+      return std::stoi(line.substr(12));
+  }
+  return -1;
+}
+
+// Host buffers are zero-filled even where the allocator hands back freed, dirty memory; large
+// ones sit on whole 2 MiB pages and ask for transparent huge pages.
+TEST(HostBuffer, ZeroFilledAlignedAndLargeOnesOnHugePages) {
+  for (const size_t bytes : {size_t{100}, size_t{8} << 20}) {
+    {
+      Buffer dirty(bytes);
+      std::memset(dirty.data(), 0xA5, bytes);
+    }
+    const Buffer b(bytes);
+    const auto* u = b.u8();
+    EXPECT_EQ(std::count(u, u + bytes, 0), static_cast<std::ptrdiff_t>(bytes)) << bytes;
+    const size_t align = bytes >= (size_t{8} << 20) ? size_t{2} << 20 : 64;
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % align, 0u) << bytes;
+  }
+  std::ifstream thp("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string mode;
+  std::getline(thp, mode);
+  if (mode.find("[never]") != std::string::npos || mode.empty())
+    GTEST_SKIP() << "transparent huge pages are off on this kernel ('" << mode << "')";
+  const Buffer large(size_t{8} << 20);
+  EXPECT_EQ(thp_eligible(large.data()), 1) << "THP mode " << mode;
 }
 
 }  // namespace
