@@ -16,7 +16,7 @@ constexpr size_t kAlignment = 64;  // one cache line; what AVX-512 loads prefer
 // From this size on a host buffer is aligned to, and rounded up to, whole 2 MiB pages and asks
 // for transparent huge pages (where the kernel's THP setting is "madvise", as on Debian):
 // dppredict's 36 MiB activation arena is then 18 page faults instead of 9216, with fewer TLB
-// misses after; a 1024x768 photograph's command 8-18% faster (bench/README.md).
+// misses after: a 1024x768 photograph's dppredict command 7-15% faster (bench/README.md).
 constexpr size_t kHugePage = size_t{2} << 20;
 constexpr size_t kHugeFrom = 4 * kHugePage;
 }  // namespace
