@@ -190,7 +190,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   optim.add_options()("epochs", po::value(&o.epochs)->default_value(o.epochs),
                       "epochs to train in total")("lr", po::value(&o.lr),
                                                   "base learning rate (default: 0.05 with sgd; "
-                                                  "with adamw 0.002, or 0.001 (PyTorch's AdamW "
+                                                  "with adamw 0.003, or 0.001 (PyTorch's AdamW "
                                                   "default) with --weight-init pytorch)")(
       "optimizer", po::value(&o.optimizer)->default_value(o.optimizer),
       "adamw or sgd (PyTorch semantics; AdamW is the default since the recipe search on "
@@ -227,9 +227,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "lr-step", po::value(&o.lr_step)->default_value(o.lr_step), "epochs between LR decays")(
       "lr-gamma", po::value(&o.lr_gamma)->default_value(o.lr_gamma, "0.1"), "LR decay factor")(
       "pos-weight", po::value(&o.pos_weight)->implicit_value("dataset"),
-      "weight of crack pixels in BCE: dataset (the default with bce and bce+dice: the file's "
-      "pos_weight, background per crack pixel; class-balanced, docs/real-data.md), sqrt (its "
-      "square root), a number, or none (1)")(
+      "weight of crack pixels in BCE: sqrt (the default with bce and bce+dice: the square "
+      "root of the file's pos_weight, background per crack pixel; docs/real-data.md), dataset "
+      "(pos_weight itself, class-balanced: the default with --optimizer sgd or --weight-init "
+      "pytorch, and what --pos-weight alone gives), a number, or none (1)")(
       "loss", po::value(&o.loss)->default_value(o.loss),
       "bce (per pixel), dice (soft Dice per image), bce+dice (their sum; the default since "
       "CrackForest, docs/real-data.md), focal (per pixel), or bce+cldice, dice+cldice, "
@@ -377,13 +378,18 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   }
   // AdamW at SGD's rate diverges: without --lr, each optimiser gets its own default. AdamW's step
   // is absolute, and He-initialised weights are about 2.4x PyTorch's default in scale, so they
-  // take twice PyTorch's AdamW rate (docs/real-data.md).
+  // take a higher rate than PyTorch's AdamW default (docs/real-data.md).
+  const bool he_adamw = o.optimizer == "adamw" && o.weight_init == "he";
   if (vm.count("lr") == 0)
-    o.lr = o.optimizer == "sgd"         ? TrainOptions::kSgdLr
-           : o.weight_init == "pytorch" ? TrainOptions::kAdamWPytorchInitLr
-                                        : TrainOptions::kAdamWLr;
-  // BCE is class-balanced unless told otherwise; the other losses have no BCE term to weight.
-  if (vm.count("pos-weight") == 0) o.pos_weight = Loss::has_bce(o.loss) ? "dataset" : "none";
+    o.lr = o.optimizer == "sgd" ? TrainOptions::kSgdLr
+           : he_adamw           ? TrainOptions::kAdamWLr
+                                : TrainOptions::kAdamWPytorchInitLr;
+  // The crack pixels' weight in BCE: the square root of the class ratio for the default recipe
+  // (He and AdamW), which calibrates better than full class balance there; class-balanced for the
+  // earlier recipes (SGD, or PyTorch's initialisation), which stall without it on small sets
+  // (docs/real-data.md). The other losses have no BCE term to weight.
+  if (vm.count("pos-weight") == 0)
+    o.pos_weight = !Loss::has_bce(o.loss) ? "none" : he_adamw ? "sqrt" : "dataset";
   o.overlap = !vm["no-overlap"].as<bool>();
   o.tf32 = !vm["no-tf32"].as<bool>();
   if (o.resume == "none") o.resume = "never";  // the older spelling

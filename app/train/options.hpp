@@ -38,7 +38,7 @@ struct TrainOptions {
   // optimisation
   int epochs = 10;
   // --lr's default per optimiser (AdamW: per --weight-init, whose weights differ in scale)
-  static constexpr double kSgdLr = 0.05, kAdamWLr = 2e-3, kAdamWPytorchInitLr = 1e-3;
+  static constexpr double kSgdLr = 0.05, kAdamWLr = 3e-3, kAdamWPytorchInitLr = 1e-3;
   double lr = kAdamWLr;
   std::string optimizer = "adamw";  // adamw | sgd
   double momentum = 0.9;            // SGD
@@ -61,10 +61,10 @@ struct TrainOptions {
   int patience = 0;      // stop after this many validations without a better best_metric (0: off)
   double min_delta = 0;  // an improvement of best_metric must exceed this (early stopping)
   double ema = 0;        // decay of the weights' moving average (0: off)
-  bool ema_warmup = false;             // the decay ramps up as (1 + step) / (10 + step)
-  std::string pos_weight = "dataset";  // dataset | sqrt | a number > 0 | none (BCE crack pixels)
-  std::string loss = "bce+dice";  // bce, dice, cldice joined by '+', or focal (docs/real-data.md)
-  double focal_alpha = 0.25;      // weight of crack pixels in the focal loss (< 0: none)
+  bool ema_warmup = false;          // the decay ramps up as (1 + step) / (10 + step)
+  std::string pos_weight = "sqrt";  // sqrt | dataset | a number > 0 | none (BCE crack pixels)
+  std::string loss = "bce+dice";    // bce, dice, cldice joined by '+', or focal (docs/real-data.md)
+  double focal_alpha = 0.25;        // weight of crack pixels in the focal loss (< 0: none)
   double focal_gamma = 2.0;
   double cldice_weight = 0.3;      // the soft clDice term's weight (1 collapsed runs: real-data.md)
   int64_t cldice_iterations = 3;   // soft erosions of the soft skeleton (the published default)

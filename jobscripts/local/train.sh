@@ -19,7 +19,7 @@ MODEL=${MODEL:-unet16}                    # model architecture
 MODEL_DIR=${MODEL_DIR:-$repo/out/runs/$MODEL}
 EPOCHS=${EPOCHS:-50}                      # total epochs, counted across restarts
 BATCH_SIZE=${BATCH_SIZE:-4}               # dptrain --batch-size
-LR=${LR:-0.002}                           # learning rate (dptrain's AdamW default)
+LR=${LR:-0.003}                           # learning rate (dptrain's AdamW default)
 EXTRA_ARGS=${EXTRA_ARGS:-}                # more dptrain options, e.g. "--workers 4 --report"
 # cuda or cpu; by default cuda when nvidia-smi lists a GPU, else cpu.
 gpus=0

@@ -300,11 +300,11 @@ TEST_F(Cli, TrainsCheckpointsResumesAndFinishes) {
   EXPECT_NE(r.output.find("run already complete"), std::string::npos) << r.output;
   // Resuming with another loss is allowed, and said (one line, from rank 0).
   EXPECT_EQ(count(r.output, "another loss"), 0) << r.output;
-  r = test::run_command(dptrain(2, common() + " --epochs 3 --loss bce --pos-weight sqrt"));
+  r = test::run_command(dptrain(2, common() + " --epochs 3 --loss bce --pos-weight dataset"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(r.output,
                   "was trained with another loss (loss bce+dice -> bce, pos_weight "
-                  "dataset -> sqrt); training continues with this run's"),
+                  "sqrt -> dataset); training continues with this run's"),
             1)
       << r.output;
 
@@ -322,8 +322,8 @@ TEST_F(Cli, TrainsCheckpointsResumesAndFinishes) {
   r = test::run_command(dptrain(2, common() + " --epochs 4 --weight-init pytorch"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(r.output,
-                  "was trained at --lr 0.002; training continues at this run's 0.001 "
-                  "(give --lr 0.002 to keep it)"),
+                  "was trained at --lr 0.003; training continues at this run's 0.001 "
+                  "(give --lr 0.003 to keep it)"),
             1)
       << r.output;
 }

@@ -32,11 +32,11 @@ std::string usage_error(std::vector<const char*> args) {
 TEST(Config, LearningRateDefaultsPerOptimizerAndInit) {
   EXPECT_EQ(parse({})->optimizer, "adamw");
   EXPECT_EQ(parse({})->weight_init, "he");
-  EXPECT_EQ(parse({})->lr, 2e-3);
+  EXPECT_EQ(parse({})->lr, 3e-3);
   EXPECT_EQ(parse({"--weight-init", "pytorch"})->lr, 1e-3);
   EXPECT_EQ(parse({"--optimizer", "sgd"})->lr, 0.05);
   EXPECT_EQ(parse({"--optimizer", "sgd", "--weight-init", "pytorch"})->lr, 0.05);
-  EXPECT_EQ(parse({"--optimizer", "adamw"})->lr, 2e-3);
+  EXPECT_EQ(parse({"--optimizer", "adamw"})->lr, 3e-3);
   EXPECT_EQ(parse({"--optimizer", "adamw", "--lr", "0.01"})->lr, 0.01);
   EXPECT_EQ(parse({"--weight-init", "pytorch", "--lr", "0.004"})->lr, 0.004);
   EXPECT_EQ(parse({"--optimizer", "sgd", "--lr", "0.2"})->lr, 0.2);
@@ -44,7 +44,7 @@ TEST(Config, LearningRateDefaultsPerOptimizerAndInit) {
   const std::string path = dir.file("adamw.ini");
   std::ofstream(path) << "optimizer = adamw\nweight-init = pytorch\n";
   EXPECT_EQ(parse({"--config", path.c_str()})->lr, 1e-3);
-  EXPECT_NE(parse({"--optimizer", "adamw"})->describe().find("lr = 0.002\n"), std::string::npos);
+  EXPECT_NE(parse({"--optimizer", "adamw"})->describe().find("lr = 0.003\n"), std::string::npos);
   EXPECT_NE(parse({})->describe().find("weight_init = he\n"), std::string::npos);
   EXPECT_EQ(usage_error({"--weight-init", "xavier"}),
             "--weight-init must be he or pytorch, got 'xavier'");
@@ -81,7 +81,7 @@ TEST(Config, LossChoices) {
             "--loss must be bce, dice, bce+dice, focal, bce+cldice, dice+cldice or "
             "bce+dice+cldice, got 'cldice+bce'");
   // clDice terms: BCE keeps its class weight; the weight and iterations are checked.
-  EXPECT_EQ(parse({"--loss", "bce+dice+cldice"})->pos_weight, "dataset");
+  EXPECT_EQ(parse({"--loss", "bce+dice+cldice"})->pos_weight, "sqrt");
   EXPECT_EQ(parse({"--loss", "dice+cldice"})->pos_weight, "none");
   EXPECT_NE(usage_error({"--loss", "dice+cldice", "--pos-weight"}).find("--pos-weight weights BCE"),
             std::string::npos);
@@ -98,9 +98,13 @@ TEST(Config, LossChoices) {
 }
 
 TEST(Config, PosWeightTakesARuleOrANumber) {
-  // Class-balanced BCE by default (docs/real-data.md); nothing to weight in dice or focal.
-  EXPECT_EQ(parse({})->pos_weight, "dataset");
-  EXPECT_EQ(parse({"--loss", "bce"})->pos_weight, "dataset");
+  // The square root of the class ratio with the default recipe (He, AdamW), class-balanced with
+  // the earlier ones (docs/real-data.md); nothing to weight in dice or focal.
+  EXPECT_EQ(parse({})->pos_weight, "sqrt");
+  EXPECT_EQ(parse({"--loss", "bce"})->pos_weight, "sqrt");
+  EXPECT_EQ(parse({"--weight-init", "pytorch"})->pos_weight, "dataset");
+  EXPECT_EQ(parse({"--optimizer", "sgd"})->pos_weight, "dataset");
+  EXPECT_EQ(parse({"--optimizer", "sgd", "--loss", "dice"})->pos_weight, "none");
   EXPECT_EQ(parse({"--loss", "dice"})->pos_weight, "none");
   EXPECT_EQ(parse({"--loss", "focal"})->pos_weight, "none");
   EXPECT_EQ(parse({"--pos-weight", "none"})->pos_weight, "none");

@@ -195,27 +195,28 @@ TEST(MetricsCli, ValEveryBestMetricAndMetricsCsv) {
   const std::string common = "--data " + dir.file("tiny.h5") +
                              " --width-divisor 16 --batch-size 2 --model-dir " + dir.file("run");
   const auto r =
-      test::run_command(dptrain(2, common + " --epochs 3 --val-every 2 --best-metric dice"));
+      test::run_command(dptrain(2, common + " --epochs 3 --val-every 2 --best-metric valid_loss"));
   EXPECT_EQ(r.status, 0) << r.output;
-  // The defaults: AdamW at 0.002 (He-initialised weights), and auto's constant rate for 8 images
+  // The defaults: AdamW at 0.003 (He-initialised weights), and auto's constant rate for 8 images
   // x 3 epochs.
   EXPECT_NE(r.output.find("LR schedule: constant (auto: 8 training images x 3 epochs = 24 < 2000)"),
             std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("epoch 1/3  lr 0.002  train_loss"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("epoch 1/3  lr 0.003  train_loss"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(not validated)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("dice "), std::string::npos) << r.output;
-  // Dice chooses epoch 3 (0.143 against 0.128); ODS, the default metric, would choose epoch 2.
-  EXPECT_NE(r.output.find("done: best epoch 3 (dice "), std::string::npos) << r.output;
+  // The validation loss chooses epoch 3 (1.652 against 1.678); ODS, the default metric, would
+  // choose epoch 2 (0.1445 against 0.1426).
+  EXPECT_NE(r.output.find("done: best epoch 3 (valid_loss "), std::string::npos) << r.output;
   const auto l = lines(dir.file("run/metrics.csv"));
   ASSERT_EQ(l.size(), 4u) << r.output;
   EXPECT_EQ(l[0], app::MetricsCsv::kHeader);
-  EXPECT_EQ(l[1].find("1,0.002,"), 0u) << l[1];
+  EXPECT_EQ(l[1].find("1,0.003,"), 0u) << l[1];
   EXPECT_NE(l[1].find(",,,,,"), std::string::npos) << l[1];  // epoch 1 not validated
   EXPECT_EQ(l[2].find(",,"), std::string::npos) << l[2];
   EXPECT_EQ(l[3].find(",,"), std::string::npos) << l[3];
   const CheckpointMeta meta = read_checkpoint_meta(dir.file("run/model_epoch_3.h5"));
-  EXPECT_EQ(meta.best_metric, "dice");
+  EXPECT_EQ(meta.best_metric, "valid_loss");
   ASSERT_EQ(meta.valid_dice.size(), 3u);
   EXPECT_TRUE(std::isnan(meta.valid_dice[0]));
 
