@@ -17,7 +17,7 @@ options: sqrt / none (--pos-weight), ema (--ema 0.99), emaw (--ema 0.99 --ema-wa
 emawNN (the same at decay 0.NN), cosine
 (--lr-schedule cosine), adamw (--optimizer adamw, with cosine unless const or drop follows),
 const (a constant LR), drop (x0.1 from epoch 11: --lr-schedule step --lr-step 10 --lr-gamma 0.1),
-lrN (--lr 0.00N), sjN (--scale-jitter 1-1.N: zoomed in by up to 1.N), clipN (--clip-grad-norm N), warm (--warmup-epochs 1), wsN (--warmup-steps N), ods (--best-metric ods),
+lrN (--lr 0.00N), clipN (--clip-grad-norm N), warm (--warmup-epochs 1), wsN (--warmup-steps N), ods (--best-metric ods),
 cool (--lr-schedule cooldown), coolN (cooldown with --cooldown-epochs N),
 det (--deterministic: direct convolution kernels, so that a seed is one run), dnorm (--normalize
 dataset: the file's own mean and std instead of ImageNet's), sgd (the default
@@ -96,8 +96,6 @@ def recipe_options(name):
                 options += ["--cldice-iterations", m[3]]
             if m[4]:
                 options += ["--cldice-start-epoch", m[4]]
-        elif w.startswith("sj") and w[2:].isdigit():
-            options += ["--scale-jitter", f"1-1.{w[2:]}"]
         elif w.startswith("clip") and w[4:].isdigit():
             options += ["--clip-grad-norm", w[4:]]
         elif w.startswith("lr") and w[2:].isdigit():
