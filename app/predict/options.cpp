@@ -106,7 +106,7 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
                             "megapixel: a large tile runs alone)")(
       "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
       "3x3 convolutions: shape (the default: Winograd for the layers whose channels pay for it, "
-      "cin*cout/(cin+cout) >= 32, with at least 0.2 GFLOP a pass; layers with 4 or 8 output "
+      "cin*cout/(cin+cout) >= 20, with at least 0.2 GFLOP a pass; layers with 4 or 8 output "
       "channels as packed pixels; direct for the others; chosen by shape, so every run on this "
       "CPU uses the same kernels), direct (oneDNN's direct kernels "
       "only), auto (whichever is faster when timed at first use: direct, Winograd or direct on "

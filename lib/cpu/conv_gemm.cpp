@@ -19,7 +19,11 @@ constexpr int kTaps = 9;
 // 32 MiB for 1024 channels), and GEMMs of kTileChunk rows.
 constexpr int64_t kTileChunk = 256;
 constexpr int kWinoPoints = 16;  // a 4x4 transformed tile
-constexpr int kLanes = 16;       // channels the Winograd transforms handle at a time
+// F(4x4, 3x3), an inference model's forward pass: 6x6 transformed tiles, each giving 4x4 output
+// pixels; chunks of as many transformed rows as F(2x2, 3x3)'s (36 x 112 against 16 x 256).
+constexpr int kWino4Points = 36;
+constexpr int64_t kTileChunk4 = 112;
+constexpr int kLanes = 16;  // channels the Winograd transforms handle at a time
 
 // Row-major C (m x n) = alpha op(A) op(B) + beta C; op(X) = X or its transpose.
 void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
@@ -36,7 +40,14 @@ size_t aligned(size_t bytes) {
 }  // namespace
 
 GemmConv::GemmConv(const ConvDesc& d)
-    : n(d.n), h(d.h), w(d.w), cin(d.cin), cout(d.cout), relu(d.relu), has_bias(d.bias) {}
+    : n(d.n),
+      h(d.h),
+      w(d.w),
+      cin(d.cin),
+      cout(d.cout),
+      relu(d.relu),
+      has_bias(d.bias),
+      forward_tile(d.forward_only ? 4 : 2) {}
 
 bool GemmConv::fits(const ConvDesc& d) {
   return d.kernel == 3 && d.stride == 1 && d.padding() == 1;
@@ -50,15 +61,15 @@ int64_t GemmConv::wide_rows() const {
 }
 
 size_t GemmConv::copies_bytes(bool plain) const {
-  const size_t wino =
-      (size_t(kWinoPoints) * kTileChunk * (cin + cout) + std::max(cin, cout)) * sizeof(float);
+  const size_t rows = forward_tile == 4 ? kWino4Points * kTileChunk4 : kWinoPoints * kTileChunk;
+  const size_t wino = (rows * (cin + cout) + std::max(cin, cout)) * sizeof(float);
   if (!plain) return wino;
   const size_t shifted = aligned(size_t(padded_rows()) * cin * sizeof(float)) +
                          size_t(wide_rows()) * cout * sizeof(float);
   return std::max(shifted, wino);
 }
 size_t GemmConv::weight_scratch_bytes() const {
-  return size_t(kWinoPoints) * cin * cout * sizeof(float);
+  return size_t(forward_tile == 4 ? kWino4Points : kWinoPoints) * cin * cout * sizeof(float);
 }
 
 float* GemmConv::padded(void* copies) const {
@@ -198,6 +209,94 @@ DP_AVX2_CLONES void output_transform(const float* m, int64_t stride, int64_t k, 
   int64_t k0 = 0;
   for (; k0 + kLanes <= k; k0 += kLanes) output_lanes<kLanes>(m, stride, k0, bias, relu, o);
   for (; k0 < k; ++k0) output_lanes<1>(m, stride, k0, bias, relu, o);
+}
+
+// F(4x4, 3x3) on the points 0, 1, -1, 2, -2 and infinity (Lavin and Gray's matrices):
+// B^T d B of L channels of the 6x6 input tile d[r][c] + k0 into v[p * stride + k0 + j] for the
+// 36 points p = 6 r + c, with B^T = [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0; 0 -2 -1 2 1 0;
+// 0 2 -1 -2 1 0; 0 4 0 -5 0 1].
+template <int64_t L>
+[[gnu::always_inline]] inline void bt6(const float* e0, const float* e1, const float* e2,
+                                       const float* e3, const float* e4, const float* e5,
+                                       float* const (&t)[6]) {
+  // One loop per output row: the compiler vectorises each over the L channels.
+  for (int64_t j = 0; j < L; ++j) t[0][j] = 4.0f * e0[j] - 5.0f * e2[j] + e4[j];
+  for (int64_t j = 0; j < L; ++j) t[1][j] = -4.0f * (e1[j] + e2[j]) + e3[j] + e4[j];
+  for (int64_t j = 0; j < L; ++j) t[2][j] = 4.0f * (e1[j] - e2[j]) - e3[j] + e4[j];
+  for (int64_t j = 0; j < L; ++j) t[3][j] = 2.0f * (e3[j] - e1[j]) - e2[j] + e4[j];
+  for (int64_t j = 0; j < L; ++j) t[4][j] = 2.0f * (e1[j] - e3[j]) - e2[j] + e4[j];
+  for (int64_t j = 0; j < L; ++j) t[5][j] = 4.0f * e1[j] - 5.0f * e3[j] + e5[j];
+}
+
+template <int64_t L>
+[[gnu::always_inline]] inline void input6_lanes(const float* const (&d)[6][6], int64_t k0, float* v,
+                                                int64_t stride) {
+  float q[6][6][L];  // B^T d: q[r][c]
+  for (int c = 0; c < 6; ++c) {
+    float* const t[6] = {q[0][c], q[1][c], q[2][c], q[3][c], q[4][c], q[5][c]};
+    bt6<L>(d[0][c] + k0, d[1][c] + k0, d[2][c] + k0, d[3][c] + k0, d[4][c] + k0, d[5][c] + k0, t);
+  }
+  for (int r = 0; r < 6; ++r) {
+    float* const t[6] = {v + (6 * r) * stride + k0,     v + (6 * r + 1) * stride + k0,
+                         v + (6 * r + 2) * stride + k0, v + (6 * r + 3) * stride + k0,
+                         v + (6 * r + 4) * stride + k0, v + (6 * r + 5) * stride + k0};
+    bt6<L>(q[r][0], q[r][1], q[r][2], q[r][3], q[r][4], q[r][5], t);
+  }
+}
+
+DP_AVX2_CLONES void input6_transform(const float* const (&d)[6][6], int64_t k, float* v,
+                                     int64_t stride) {
+  int64_t k0 = 0;
+  for (; k0 + kLanes <= k; k0 += kLanes) input6_lanes<kLanes>(d, k0, v, stride);
+  for (; k0 < k; ++k0) input6_lanes<1>(d, k0, v, stride);
+}
+
+// A^T m A of the 36 points m[p * stride + k0 + j], plus the bias (optional), then ReLU
+// (optional), into the 4x4 output pixels o[r][c] + k0 (null: outside the image);
+// A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1].
+template <int64_t L>
+[[gnu::always_inline]] inline void at4(const float* e0, const float* e1, const float* e2,
+                                       const float* e3, const float* e4, const float* e5,
+                                       float (&t)[4][L]) {
+  for (int64_t j = 0; j < L; ++j) {
+    const float p12 = e1[j] + e2[j], m12 = e1[j] - e2[j], p34 = e3[j] + e4[j], m34 = e3[j] - e4[j];
+    t[0][j] = e0[j] + p12 + p34;
+    t[1][j] = m12 + 2.0f * m34;
+    t[2][j] = p12 + 4.0f * p34;
+    t[3][j] = m12 + 8.0f * m34 + e5[j];
+  }
+}
+
+template <int64_t L>
+[[gnu::always_inline]] inline void output4_lanes(const float* m, int64_t stride, int64_t k0,
+                                                 const float* bias, bool relu,
+                                                 float* const (&o)[4][4]) {
+  float q[6][4][L], res[4][4][L], b[L];  // A^T m, column by column: q[c][r]; then (A^T m A)[r]
+  for (int64_t j = 0; j < L; ++j) b[j] = bias != nullptr ? bias[k0 + j] : 0.0f;
+  for (int c = 0; c < 6; ++c) {
+    const float* col = m + c * stride + k0;
+    at4<L>(col, col + 6 * stride, col + 12 * stride, col + 18 * stride, col + 24 * stride,
+           col + 30 * stride, q[c]);
+  }
+  for (int r = 0; r < 4; ++r) {
+    at4<L>(q[0][r], q[1][r], q[2][r], q[3][r], q[4][r], q[5][r], res[r]);
+    for (int c = 0; c < 4; ++c) {
+      float* x = res[r][c];
+      for (int64_t j = 0; j < L; ++j) x[j] += b[j];
+      if (relu)
+        for (int64_t j = 0; j < L; ++j) x[j] = std::max(x[j], 0.0f);
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c)
+      if (o[r][c] != nullptr) std::copy_n(res[r][c], L, o[r][c] + k0);
+}
+
+DP_AVX2_CLONES void output4_transform(const float* m, int64_t stride, int64_t k, const float* bias,
+                                      bool relu, float* const (&o)[4][4]) {
+  int64_t k0 = 0;
+  for (; k0 + kLanes <= k; k0 += kLanes) output4_lanes<kLanes>(m, stride, k0, bias, relu, o);
+  for (; k0 < k; ++k0) output4_lanes<1>(m, stride, k0, bias, relu, o);
 }
 
 }  // namespace
@@ -372,26 +471,37 @@ void GemmConv::gradient_tile(const float* grad, int64_t k, int64_t ty, int64_t t
   gradient_transform(g, k, z, stride);
 }
 
+// Runs share(image, first tile of the chunk, begin, end) on every thread for each chunk of `chunk`
+// tiles of each of n images of `tiles` tiles, [begin, end) being the thread's share of the chunk's
+// tiles. A share's input transforms, its GEMMs over those rows (each sgemm on its calling thread
+// inside the region) and their output transforms read and write only its rows of the copies, so
+// the threads meet once a chunk (the next chunk's shares differ where its tile count does), not
+// after each step.
+template <typename F>
+void for_each_chunk_share(int64_t n, int64_t tiles, int64_t chunk, const F& share) {
+#pragma omp parallel
+  {
+    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t t0 = 0; t0 < tiles; t0 += chunk) {
+        const int64_t count = std::min(chunk, tiles - t0);
+        share(i, t0, count * me / threads, count * (me + 1) / threads);
+#pragma omp barrier
+      }
+  }
+}
+
 void GemmConv::winograd(const float* in, int k_in, int k_out, const float* u, const float* b,
                         bool relu_out, float* out, void* copies) const {
-  const int64_t tiles_h = (h + 1) / 2, tiles_w = (w + 1) / 2, tiles = tiles_h * tiles_w;
+  const int64_t tiles_w = (w + 1) / 2, tiles = (h + 1) / 2 * tiles_w;
   float* vt = static_cast<float*>(copies);               // [16][chunk][k_in]
   float* mt = vt + kWinoPoints * kTileChunk * k_in;      // [16][chunk][k_out]
   float* zeros = mt + kWinoPoints * kTileChunk * k_out;  // k_in zeros: pixels outside the image
   std::fill_n(zeros, k_in, 0.0f);
-  // Each thread takes its share of a chunk's rows: the input transforms of its tiles, the 16 GEMMs
-  // over those rows (each sgemm on its calling thread inside the region) and their output
-  // transforms read and write only its rows of the copies, so the threads meet once a chunk (the
-  // next chunk's shares differ where its tile count does), not after each of the 18 steps.
-#pragma omp parallel
-  {
-    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
-    for (int64_t i = 0; i < n; ++i) {
-      const float* image = in + i * int64_t(h) * w * k_in;
-      float* result = out + i * int64_t(h) * w * k_out;
-      for (int64_t t0 = 0; t0 < tiles; t0 += kTileChunk) {
-        const int64_t count = std::min(kTileChunk, tiles - t0);
-        const int64_t begin = count * me / threads, end = count * (me + 1) / threads;
+  for_each_chunk_share(
+      n, tiles, kTileChunk, [&](int64_t i, int64_t t0, int64_t begin, int64_t end) {
+        const float* image = in + i * int64_t(h) * w * k_in;
+        float* result = out + i * int64_t(h) * w * k_out;
         for (int64_t t = begin; t < end; ++t)
           input_tile(image, k_in, (t0 + t) / tiles_w, (t0 + t) % tiles_w, zeros, vt + t * k_in,
                      kTileChunk * k_in);
@@ -409,15 +519,88 @@ void GemmConv::winograd(const float* in, int k_in, int k_out, const float* u, co
             }
           output_transform(mt + t * k_out, kTileChunk * k_out, k_out, b, relu_out, o);
         }
-#pragma omp barrier
-      }
+      });
+}
+
+// G g G^T of every filter into [36][cin][cout], G = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6;
+// 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1], 16 output channels at a time (whole cache lines of u,
+// as winograd_filters).
+void GemmConv::winograd4_filters(const float* w_oihw, float* u) const {
+  const auto g = [](float g0, float g1, float g2, float* t, int64_t step) {
+    constexpr float k6 = 1.0f / 6, k12 = 1.0f / 12, k24 = 1.0f / 24;
+    t[0] = 0.25f * g0;
+    t[step] = -k6 * (g0 + g1 + g2);
+    t[2 * step] = -k6 * (g0 - g1 + g2);
+    t[3 * step] = k24 * g0 + k12 * g1 + k6 * g2;
+    t[4 * step] = k24 * g0 - k12 * g1 + k6 * g2;
+    t[5 * step] = g2;
+  };
+#pragma omp parallel for schedule(static)
+  for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock) {
+    const int64_t lanes = std::min<int64_t>(kChannelBlock, cout - o0);
+    for (int64_t c = 0; c < cin; ++c) {
+      float f[kTaps][kChannelBlock] = {};
+      for (int64_t l = 0; l < lanes; ++l)
+        for (int k = 0; k < kTaps; ++k) f[k][l] = w_oihw[((o0 + l) * cin + c) * kTaps + k];
+      float cols[6][3][kChannelBlock], v[kWino4Points][kChannelBlock];  // G g, then G g G^T
+      for (int j = 0; j < 3; ++j)
+        for (int64_t l = 0; l < kChannelBlock; ++l)
+          g(f[j][l], f[3 + j][l], f[6 + j][l], &cols[0][j][l], 3 * kChannelBlock);
+      for (int r = 0; r < 6; ++r)
+        for (int64_t l = 0; l < kChannelBlock; ++l)
+          g(cols[r][0][l], cols[r][1][l], cols[r][2][l], &v[6 * r][l], kChannelBlock);
+      for (int p = 0; p < kWino4Points; ++p)
+        std::copy_n(v[p], lanes, u + (int64_t(p) * cin + c) * cout + o0);
     }
   }
+}
+
+void GemmConv::winograd4(const float* in, const float* u, const float* b, float* out,
+                         void* copies) const {
+  const int64_t tiles_w = (w + 3) / 4, tiles = (h + 3) / 4 * tiles_w;
+  float* vt = static_cast<float*>(copies);                // [36][chunk][cin]
+  float* mt = vt + kWino4Points * kTileChunk4 * cin;      // [36][chunk][cout]
+  float* zeros = mt + kWino4Points * kTileChunk4 * cout;  // cin zeros: pixels outside the image
+  std::fill_n(zeros, cin, 0.0f);
+  for_each_chunk_share(
+      n, tiles, kTileChunk4, [&](int64_t i, int64_t t0, int64_t begin, int64_t end) {
+        const float* image = in + i * int64_t(h) * w * cin;
+        float* result = out + i * int64_t(h) * w * cout;
+        for (int64_t t = begin; t < end; ++t) {
+          const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
+          const float* d[6][6];
+          for (int r = 0; r < 6; ++r)
+            for (int c = 0; c < 6; ++c) {
+              const int64_t y = 4 * ty - 1 + r, x = 4 * tx - 1 + c;
+              d[r][c] = y >= 0 && y < h && x >= 0 && x < w ? image + (y * w + x) * cin : zeros;
+            }
+          input6_transform(d, cin, vt + t * cin, kTileChunk4 * cin);
+        }
+        for (int p = 0; p < kWino4Points && begin < end; ++p)
+          sgemm('N', 'N', end - begin, cout, cin, vt + (p * kTileChunk4 + begin) * cin, cin,
+                u + int64_t(p) * cin * cout, cout, 0.0f, mt + (p * kTileChunk4 + begin) * cout,
+                cout);
+        for (int64_t t = begin; t < end; ++t) {
+          const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
+          float* o[4][4];
+          for (int r = 0; r < 4; ++r)
+            for (int c = 0; c < 4; ++c) {
+              const int64_t y = 4 * ty + r, x = 4 * tx + c;
+              o[r][c] = y < h && x < w ? result + (y * w + x) * cout : nullptr;
+            }
+          output4_transform(mt + t * cout, kTileChunk4 * cout, cout, b, relu, o);
+        }
+      });
 }
 
 void GemmConv::forward_winograd(const float* x, const float* w_oihw, const float* b, float* y,
                                 void* weights, void* copies) const {
   float* u = static_cast<float*>(weights);
+  if (forward_tile == 4) {
+    winograd4_filters(w_oihw, u);
+    winograd4(x, u, has_bias ? b : nullptr, y, copies);
+    return;
+  }
   winograd_filters(w_oihw, false, u);
   winograd(x, cin, cout, u, has_bias ? b : nullptr, relu, y, copies);
 }

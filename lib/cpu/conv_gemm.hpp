@@ -1,7 +1,8 @@
 // A 3x3 stride-1 fp32 convolution's passes as GEMMs on oneDNN's sgemm: one GEMM per kernel tap on
 // a zero-bordered copy of each image (no im2col buffer), and Winograd F(2x2, 3x3) for forward and
-// backward-data (16 GEMMs on transformed tiles, 2.25x fewer multiplications): the CPU backend's
-// own kernels, next to oneDNN's direct and blocked/Winograd convolutions.
+// backward-data (16 GEMMs on transformed tiles, 2.25x fewer multiplications), F(4x4, 3x3) for an
+// inference model's forward pass (36 GEMMs, 4x fewer): the CPU backend's own kernels, next to
+// oneDNN's direct and blocked/Winograd convolutions.
 #pragma once
 
 #include <cstddef>
@@ -20,6 +21,10 @@ namespace dp::cpu {
 struct GemmConv {
   int n = 0, h = 0, w = 0, cin = 0, cout = 0;
   bool relu = false, has_bias = false;
+  // The output tile of forward Winograd: 2, F(2x2, 3x3); 4, F(4x4, 3x3), for a forward-only
+  // (inference) convolution, whose only pass is forward. F(4x4, 3x3)'s transforms multiply by up
+  // to 8 and 1/6: it rounds 2-10x more than F(2x2, 3x3), a few 1e-6 relative to direct.
+  int forward_tile = 2;
 
   explicit GemmConv(const ConvDesc& d);
   // Whether `d` is a convolution this path computes (3x3, stride 1, padding 1).
@@ -78,6 +83,9 @@ struct GemmConv {
   // G g G^T of every filter into [16][k_in][k_out]; `rotated`: backward-data's filters (k_in =
   // cout, k_out = cin, rotated by 180 degrees).
   void winograd_filters(const float* w_oihw, bool rotated, float* u) const;
+  // F(4x4, 3x3) forward: G g G^T of every filter into [36][cin][cout], and the tiles.
+  void winograd4_filters(const float* w_oihw, float* u) const;
+  void winograd4(const float* in, const float* u, const float* b, float* out, void* copies) const;
 };
 
 }  // namespace dp::cpu

@@ -245,6 +245,31 @@ Vec forward_output(Backend& be, const ConvDesc& d) {
   return y;
 }
 
+// An inference model's forward pass on GEMMs runs F(4x4, 3x3) (36 points, 6x6 tiles at stride 4):
+// within 2e-5 of direct and not equal to F(2x2, 3x3)'s result (so the larger tile ran), for
+// sizes 4 does not divide (partial tiles on the right and bottom), a single pixel, 3 and 17
+// channels (not a whole vector of lanes), no bias or ReLU, and 2 images of 208 tiles each (two
+// chunks of 112, the second partial).
+TEST(GemmWinograd, InferenceForwardRunsF4x4) {
+  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+  auto direct = backend(CpuConvAlgo::kDirect);
+  auto gemm = backend(CpuConvAlgo::kGemmWinograd);
+  for (ConvDesc d : {conv(2, 50, 61, 16, 24, true, true), conv(1, 1, 1, 8, 8, false, true),
+                     conv(2, 9, 11, 64, 32, true, false), conv(2, 16, 15, 3, 64, true, true),
+                     conv(1, 7, 10, 17, 5, false, false), conv(1, 13, 6, 32, 17, true, true)}) {
+    SCOPED_TRACE(std::to_string(d.cin) + "->" + std::to_string(d.cout) + " " + std::to_string(d.h) +
+                 "x" + std::to_string(d.w));
+    const Vec want = forward_output(*direct, d), f2 = forward_output(*gemm, d);
+    d.forward_only = true;
+    ASSERT_EQ(cpu::make_conv(eng, d, false, CpuConvAlgo::kGemmWinograd)->gemm->forward_tile, 4);
+    const Vec f4 = forward_output(*gemm, d);
+    std::printf("[gemm-winograd] %d->%d %dx%d: F(2x2, 3x3) %.2e, F(4x4, 3x3) %.2e\n", d.cin, d.cout,
+                d.h, d.w, rel_diff(f2, want), rel_diff(f4, want));
+    EXPECT_LT(rel_diff(f4, want), 2e-5);
+    EXPECT_NE(f4, f2);
+  }
+}
+
 // kShape decides by the layer's shape, without timing: the forward pass of a layer whose channels
 // pay for Winograd (64 -> 32: cin*cout/(cin+cout) = 21.3, above the bound of 20) and that has 0.2
 // GFLOP runs it (oneDNN's where it has it, else on GEMMs), within 2e-5 of direct and not bitwise
