@@ -204,6 +204,11 @@ constexpr size_t kWinogradMaxScratchpad = size_t{96} << 20;
 // bench/README.md; 64 -> 32, at 21.3, is the narrowest layer that gains); below the FLOP bound
 // its primitive's creation and weight transform cost more than it saves.
 constexpr double kShapeWinogradMinChannels = 20;
+// ... on GEMMs (F(4x4, 3x3), GemmConv) for an inference model's layer below this, even where oneDNN
+// has Winograd: no blocked copies, and faster at these widths (UNet16 /8 on AVX-512, 3456x2304:
+// 2.47-2.53 -> 2.34-2.40 s, 20 MiB less; at full width, where oneDNN's is faster on the widest
+// layers, bounds from 48 to 128 ran within noise of each other, 192 and all-GEMM slower) ...
+constexpr double kShapeGemmWinogradBelowChannels = 64;
 // ... and oneDNN's Winograd only where its blocked copies of the layer's input and output fit
 // this; a larger layer (a whole photograph as one tile) runs Winograd on GEMMs instead, whose
 // copies are chunks of tiles. So Winograd adds at most this plus the scratchpad cap to any run.
@@ -514,10 +519,10 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
       p->algo[BlockedPrims::kFwd] = PassAlgo::kPacked;
       return p;
     }
-    if (double(d.cin) * d.cout / (d.cin + d.cout) < kShapeWinogradMinChannels ||
-        flops < kTimedPassMinFlops)
-      return p;
-    if (build_variant(CpuConvAlgo::kWinograd) &&
+    const double channels = double(d.cin) * d.cout / (d.cin + d.cout);
+    if (channels < kShapeWinogradMinChannels || flops < kTimedPassMinFlops) return p;
+    if (!(d.forward_only && channels < kShapeGemmWinogradBelowChannels) &&
+        build_variant(CpuConvAlgo::kWinograd) &&
         p->blocked->pad_bytes[BlockedPrims::kFwd] <= kWinogradMaxScratchpad &&
         p->blocked->src_bytes + p->blocked->mid_bytes <= kShapeWinogradMaxCopies) {
       p->algo[BlockedPrims::kFwd] = PassAlgo::kBlocked;

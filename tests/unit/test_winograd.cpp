@@ -309,22 +309,26 @@ TEST(ShapeRule, WinogradForwardWhereTheChannelsPayForIt) {
   EXPECT_GT(rel_diff(y, a), 0.0);
 }
 
-// Under kShape a layer too large for oneDNN's Winograd copies (its input and output in the
-// blocked layout, e.g. a whole photograph as one tile) runs Winograd on GEMMs, whose copies are
-// chunks of tiles: the scratch stays small whatever the image, and the result is direct's within
-// rounding. A plain-GEMM choice still needs the bordered image.
+// Under kShape an inference model's layer runs Winograd on GEMMs (F(4x4, 3x3)) below 64 on the
+// channel measure, and oneDNN's Winograd from 64 up where oneDNN has it (AVX-512) and its copies
+// (the layer's input and output in the blocked layout) fit 32 MiB. A layer too large for those
+// copies (a whole photograph as one tile) runs on GEMMs, whose copies are chunks of tiles: the
+// scratch stays small whatever the image, and the result is direct's within rounding. A
+// plain-GEMM choice still needs the bordered image.
 TEST(ShapeRule, LargeLayersKeepWinogradWithoutWholeImageCopies) {
   const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   ConvDesc small = conv(1, 96, 128, 64, 32, true, true),
-           large = conv(1, 320, 352, 64, 32, true, true);
-  small.forward_only = large.forward_only = true;
+           wide_small = conv(1, 24, 32, 256, 128, true, true),  // 85.3, 0.45 GFLOP
+      large = conv(1, 320, 352, 64, 32, true, true);
+  small.forward_only = wide_small.forward_only = large.forward_only = true;
   const size_t large_bytes = size_t(large.h) * large.w * (large.cin + large.cout) * sizeof(float);
   ASSERT_GT(large_bytes, size_t{40} << 20);  // more than the 32 MiB bound on oneDNN's copies
   const auto shape = [&](const ConvDesc& d) {
     return cpu::make_conv(eng, d, false, CpuConvAlgo::kShape);
   };
   const bool onednn_winograd = cpu_winograd_support().empty();
-  EXPECT_EQ(shape(small)->algo[0],
+  EXPECT_EQ(shape(small)->algo[0], cpu::PassAlgo::kGemmWinograd);
+  EXPECT_EQ(shape(wide_small)->algo[0],
             onednn_winograd ? cpu::PassAlgo::kBlocked : cpu::PassAlgo::kGemmWinograd);
   const auto big = shape(large);
   EXPECT_EQ(big->algo[0], cpu::PassAlgo::kGemmWinograd);
