@@ -1,5 +1,6 @@
 // 3x3 stride-1 fp32 convolution passes on oneDNN's sgemm: nine shifted GEMMs each on zero-bordered
-// copies of the images, and Winograd F(2x2, 3x3) for forward and backward-data; see conv_gemm.hpp.
+// copies of the images, Winograd F(2x2, 3x3) for forward and backward-data, F(4x4, 3x3) for an
+// inference model's forward pass; see conv_gemm.hpp.
 #include "conv_gemm.hpp"
 
 #include <dnnl.h>
