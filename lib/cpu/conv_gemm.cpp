@@ -472,6 +472,8 @@ void GemmConv::gradient_tile(const float* grad, int64_t k, int64_t ty, int64_t t
   gradient_transform(g, k, z, stride);
 }
 
+namespace {
+
 // Runs share(image, first tile of the chunk, begin, end) on every thread for each chunk of `chunk`
 // tiles of each of n images of `tiles` tiles, [begin, end) being the thread's share of the chunk's
 // tiles. A share's input transforms, its GEMMs over those rows (each sgemm on its calling thread
@@ -492,35 +494,60 @@ void for_each_chunk_share(int64_t n, int64_t tiles, int64_t chunk, const F& shar
   }
 }
 
+// Winograd F(MxM, 3x3) on GEMMs, M = 2 or 4, on n images of h x w x k_in (`in`) with the
+// transformed filters `u` ([points][k_in][k_out]) into `out` (k_out channels), bias and ReLU
+// optional: each (M+2)x(M+2) input tile at stride M transformed (pixels outside the image read a
+// zero row), one GEMM per point over a chunk of tiles, each MxM output tile transformed back.
+template <int M>
+void winograd_tiles(int64_t n, int64_t h, int64_t w, const float* in, int64_t k_in, int64_t k_out,
+                    const float* u, const float* b, bool relu, float* out, void* copies) {
+  constexpr int kSide = M + 2, kPoints = kSide * kSide;
+  constexpr int64_t kChunk = M == 2 ? kTileChunk : kTileChunk4;
+  const int64_t tiles_w = (w + M - 1) / M, tiles = (h + M - 1) / M * tiles_w;
+  float* vt = static_cast<float*>(copies);       // [points][chunk][k_in]
+  float* mt = vt + kPoints * kChunk * k_in;      // [points][chunk][k_out]
+  float* zeros = mt + kPoints * kChunk * k_out;  // k_in zeros: pixels outside the image
+  std::fill_n(zeros, k_in, 0.0f);
+  for_each_chunk_share(n, tiles, kChunk, [&](int64_t i, int64_t t0, int64_t begin, int64_t end) {
+    const float* image = in + i * h * w * k_in;
+    float* result = out + i * h * w * k_out;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
+      const float* d[kSide][kSide];
+      for (int r = 0; r < kSide; ++r)
+        for (int c = 0; c < kSide; ++c) {
+          const int64_t y = M * ty - 1 + r, x = M * tx - 1 + c;
+          d[r][c] = y >= 0 && y < h && x >= 0 && x < w ? image + (y * w + x) * k_in : zeros;
+        }
+      if constexpr (M == 2)
+        input_transform(d, k_in, vt + t * k_in, kChunk * k_in);
+      else
+        input6_transform(d, k_in, vt + t * k_in, kChunk * k_in);
+    }
+    for (int p = 0; p < kPoints && begin < end; ++p)
+      sgemm('N', 'N', end - begin, k_out, k_in, vt + (p * kChunk + begin) * k_in, k_in,
+            u + p * k_in * k_out, k_out, 0.0f, mt + (p * kChunk + begin) * k_out, k_out);
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
+      float* o[M][M];
+      for (int r = 0; r < M; ++r)
+        for (int c = 0; c < M; ++c) {
+          const int64_t y = M * ty + r, x = M * tx + c;
+          o[r][c] = y < h && x < w ? result + (y * w + x) * k_out : nullptr;
+        }
+      if constexpr (M == 2)
+        output_transform(mt + t * k_out, kChunk * k_out, k_out, b, relu, o);
+      else
+        output4_transform(mt + t * k_out, kChunk * k_out, k_out, b, relu, o);
+    }
+  });
+}
+
+}  // namespace
+
 void GemmConv::winograd(const float* in, int k_in, int k_out, const float* u, const float* b,
                         bool relu_out, float* out, void* copies) const {
-  const int64_t tiles_w = (w + 1) / 2, tiles = (h + 1) / 2 * tiles_w;
-  float* vt = static_cast<float*>(copies);               // [16][chunk][k_in]
-  float* mt = vt + kWinoPoints * kTileChunk * k_in;      // [16][chunk][k_out]
-  float* zeros = mt + kWinoPoints * kTileChunk * k_out;  // k_in zeros: pixels outside the image
-  std::fill_n(zeros, k_in, 0.0f);
-  for_each_chunk_share(
-      n, tiles, kTileChunk, [&](int64_t i, int64_t t0, int64_t begin, int64_t end) {
-        const float* image = in + i * int64_t(h) * w * k_in;
-        float* result = out + i * int64_t(h) * w * k_out;
-        for (int64_t t = begin; t < end; ++t)
-          input_tile(image, k_in, (t0 + t) / tiles_w, (t0 + t) % tiles_w, zeros, vt + t * k_in,
-                     kTileChunk * k_in);
-        for (int p = 0; p < kWinoPoints && begin < end; ++p)
-          sgemm('N', 'N', end - begin, k_out, k_in, vt + (p * kTileChunk + begin) * k_in, k_in,
-                u + int64_t(p) * k_in * k_out, k_out, 0.0f, mt + (p * kTileChunk + begin) * k_out,
-                k_out);
-        for (int64_t t = begin; t < end; ++t) {
-          const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
-          float* o[2][2];
-          for (int r = 0; r < 2; ++r)
-            for (int c = 0; c < 2; ++c) {
-              const int64_t y = 2 * ty + r, x = 2 * tx + c;
-              o[r][c] = y < h && x < w ? result + (y * w + x) * k_out : nullptr;
-            }
-          output_transform(mt + t * k_out, kTileChunk * k_out, k_out, b, relu_out, o);
-        }
-      });
+  winograd_tiles<2>(n, h, w, in, k_in, k_out, u, b, relu_out, out, copies);
 }
 
 // G g G^T of every filter into [36][cin][cout], G = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6;
@@ -556,50 +583,12 @@ void GemmConv::winograd4_filters(const float* w_oihw, float* u) const {
   }
 }
 
-void GemmConv::winograd4(const float* in, const float* u, const float* b, float* out,
-                         void* copies) const {
-  const int64_t tiles_w = (w + 3) / 4, tiles = (h + 3) / 4 * tiles_w;
-  float* vt = static_cast<float*>(copies);                // [36][chunk][cin]
-  float* mt = vt + kWino4Points * kTileChunk4 * cin;      // [36][chunk][cout]
-  float* zeros = mt + kWino4Points * kTileChunk4 * cout;  // cin zeros: pixels outside the image
-  std::fill_n(zeros, cin, 0.0f);
-  for_each_chunk_share(
-      n, tiles, kTileChunk4, [&](int64_t i, int64_t t0, int64_t begin, int64_t end) {
-        const float* image = in + i * int64_t(h) * w * cin;
-        float* result = out + i * int64_t(h) * w * cout;
-        for (int64_t t = begin; t < end; ++t) {
-          const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
-          const float* d[6][6];
-          for (int r = 0; r < 6; ++r)
-            for (int c = 0; c < 6; ++c) {
-              const int64_t y = 4 * ty - 1 + r, x = 4 * tx - 1 + c;
-              d[r][c] = y >= 0 && y < h && x >= 0 && x < w ? image + (y * w + x) * cin : zeros;
-            }
-          input6_transform(d, cin, vt + t * cin, kTileChunk4 * cin);
-        }
-        for (int p = 0; p < kWino4Points && begin < end; ++p)
-          sgemm('N', 'N', end - begin, cout, cin, vt + (p * kTileChunk4 + begin) * cin, cin,
-                u + int64_t(p) * cin * cout, cout, 0.0f, mt + (p * kTileChunk4 + begin) * cout,
-                cout);
-        for (int64_t t = begin; t < end; ++t) {
-          const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
-          float* o[4][4];
-          for (int r = 0; r < 4; ++r)
-            for (int c = 0; c < 4; ++c) {
-              const int64_t y = 4 * ty + r, x = 4 * tx + c;
-              o[r][c] = y < h && x < w ? result + (y * w + x) * cout : nullptr;
-            }
-          output4_transform(mt + t * cout, kTileChunk4 * cout, cout, b, relu, o);
-        }
-      });
-}
-
 void GemmConv::forward_winograd(const float* x, const float* w_oihw, const float* b, float* y,
                                 void* weights, void* copies) const {
   float* u = static_cast<float*>(weights);
   if (forward_tile == 4) {
     winograd4_filters(w_oihw, u);
-    winograd4(x, u, has_bias ? b : nullptr, y, copies);
+    winograd_tiles<4>(n, h, w, x, cin, cout, u, has_bias ? b : nullptr, relu, y, copies);
     return;
   }
   winograd_filters(w_oihw, false, u);

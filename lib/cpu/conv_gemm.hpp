@@ -83,9 +83,8 @@ struct GemmConv {
   // G g G^T of every filter into [16][k_in][k_out]; `rotated`: backward-data's filters (k_in =
   // cout, k_out = cin, rotated by 180 degrees).
   void winograd_filters(const float* w_oihw, bool rotated, float* u) const;
-  // F(4x4, 3x3) forward: G g G^T of every filter into [36][cin][cout], and the tiles.
+  // F(4x4, 3x3) forward's filters: G g G^T of every filter into [36][cin][cout].
   void winograd4_filters(const float* w_oihw, float* u) const;
-  void winograd4(const float* in, const float* u, const float* b, float* out, void* copies) const;
 };
 
 }  // namespace dp::cpu
