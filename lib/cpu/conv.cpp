@@ -4,6 +4,8 @@
 // oneDNN's blocked layout) where those are faster, and narrow inference layers as packed pixels.
 #include "onednn.hpp"
 
+#include "dp/cpu/cpu_backend.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <functional>
@@ -47,10 +49,13 @@ std::unique_ptr<ConvPrims> build(const dnnl::engine& eng, algorithm alg, const D
     // 2->4 channels, stride 2, 4 threads; whenever the input has fewer than 16 channels),
     // corrupting the heap: ResNet downsample convolutions take the next implementation instead.
     const memory::dims k = dims_of(user_w_md);
-    const bool strided_1x1 = k[2] == 1 && k[3] == 1 && stride > 1;
+    std::vector<std::string> skip;
+    if (k[2] == 1 && k[3] == 1 && stride > 1) skip.emplace_back("jit_1x1");
+    // oneDNN 2.x's AMX bf16 weight-gradient kernel writes outside its output at photograph sizes
+    // (cpu_amx_bf16_weights_bug): its passes take the next implementation (avx512_core_bf16).
+    if (bf16 && cpu_amx_bf16_weights_bug()) skip.emplace_back("jit:avx512_core_amx");
     bwd_w_desc.emplace(bwd_weights_pd<BwdWeights>(eng, alg, src_md, any_dw_md, bias_md, dst_md,
-                                                  strides, padding, fwd_desc, {},
-                                                  strided_1x1 ? "jit_1x1" : nullptr));
+                                                  strides, padding, fwd_desc, {}, skip));
   }
   // One layout end to end: the activations must stay NHWC, never reordered.
   DP_CHECK(fwd_desc.src_desc() == src_md && fwd_desc.dst_desc() == dst_md &&

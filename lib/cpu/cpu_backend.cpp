@@ -432,6 +432,23 @@ std::string cpu_bf16_support() {
   return "this CPU has neither AVX512-BF16 nor AMX (oneDNN runs " + cpu_isa_name() + ")";
 }
 
+bool cpu_amx_bf16_weights_bug() {
+#if DNNL_VERSION_MAJOR >= 3
+  return false;
+#else
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
+  return (isa & amx) == amx;
+#endif
+}
+
+std::string cpu_bf16_note() {
+  if (!cpu_amx_bf16_weights_bug()) return {};
+  return "bf16 weight gradients run on avx512_core_bf16 kernels, not AMX: " + cpu_onednn_version() +
+         "'s AMX kernel for them writes outside its output at photograph sizes (oneDNN 3.x keeps "
+         "AMX; INSTALL.md)";
+}
+
 std::unique_ptr<Backend> make_cpu_backend(const CpuOptions& options) {
   if (options.precision == Precision::kBFloat16)
     DP_CHECK(cpu_bf16_support().empty(), "--precision bf16: ", cpu_bf16_support());

@@ -4,6 +4,7 @@
 
 #include <dnnl.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -50,11 +51,16 @@ inline dnnl::primitive_attr relu_attr(bool relu) {
   return attr;
 }
 
-// Moves `pd` past the implementations whose name starts with `prefix` (oneDNN lists them fastest
-// first); dnnl_unimplemented when no other is left.
+// Moves `pd` past the implementations whose name starts with one of `prefixes` (oneDNN lists them
+// fastest first); dnnl_unimplemented when no other is left.
 template <typename Pd>
-void skip_impls(Pd& pd, const char* prefix) {
-  while (std::string(pd.impl_info_str()).rfind(prefix, 0) == 0)
+void skip_impls(Pd& pd, const std::vector<std::string>& prefixes) {
+  const auto skipped = [&] {
+    const std::string name = pd.impl_info_str();
+    return std::any_of(prefixes.begin(), prefixes.end(),
+                       [&](const std::string& p) { return name.rfind(p, 0) == 0; });
+  };
+  while (skipped())
     if (!pd.next_impl()) throw dnnl::error(dnnl_unimplemented, "no other implementation");
 }
 
@@ -90,14 +96,15 @@ typename BwdData::primitive_desc bwd_data_pd(const dnnl::engine& eng, algorithm 
 }
 
 // Backward-weights pass of a (de)convolution `BwdWeights`, hinted by its forward pass, past the
-// implementations named `skip` when given (oneDNN 2.6's implementation iterator keeps a pointer
-// to its operation descriptor, which next_impl() reads: the skipping happens while it lives).
+// implementations whose names start with one of `skip` (oneDNN 2.6's implementation iterator keeps
+// a pointer to its operation descriptor, which next_impl() reads: the skipping happens while it
+// lives).
 template <typename BwdWeights, typename FwdPd>
 typename BwdWeights::primitive_desc bwd_weights_pd(
     const dnnl::engine& eng, algorithm alg, const memory::desc& src, const memory::desc& dw,
     const memory::desc& bias, const memory::desc& dst, const memory::dims& strides,
     const memory::dims& pad, const FwdPd& hint, const dnnl::primitive_attr& attr = {},
-    const char* skip = nullptr) {
+    const std::vector<std::string>& skip = {}) {
 #if DNNL_VERSION_MAJOR >= 3
   typename BwdWeights::primitive_desc pd(eng, alg, src, dw, bias, dst, strides, pad, pad, hint,
                                          attr);
@@ -105,7 +112,7 @@ typename BwdWeights::primitive_desc bwd_weights_pd(
   const typename BwdWeights::desc op(alg, src, dw, bias, dst, strides, pad, pad);
   typename BwdWeights::primitive_desc pd(op, attr, eng, hint);
 #endif
-  if (skip != nullptr) skip_impls(pd, skip);
+  if (!skip.empty()) skip_impls(pd, skip);
   return pd;
 }
 

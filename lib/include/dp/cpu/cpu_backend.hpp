@@ -50,5 +50,14 @@ std::string cpu_winograd_support();
 std::string cpu_conv_kernels(CpuConvAlgo algo);
 // Empty when this CPU runs bf16 convolutions natively, else why not (for errors and test skips).
 std::string cpu_bf16_support();
+// oneDNN 2.x's AMX bf16 backward-weights convolution (jit:avx512_core_amx_bf16; 2.6.3 measured)
+// writes one kernel row of fp32 weight gradients (3072 bytes) before its output at some activation
+// sizes (192x256, 192x240, 384x512, 384x544; not 160x288, 176x256 or 256x256), whatever the batch
+// or thread count, corrupting the heap (tools/onednn_bf16_weights_probe.cpp shows it with oneDNN
+// alone). oneDNN 3.2 does not. True where this process's oneDNN is 2.x and runs AMX: the CPU
+// backend then builds those passes on the next implementation (avx512_core_bf16).
+bool cpu_amx_bf16_weights_bug();
+// The start-up line saying so where cpu_amx_bf16_weights_bug(), else empty.
+std::string cpu_bf16_note();
 
 }  // namespace dp
