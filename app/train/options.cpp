@@ -3,6 +3,7 @@
 
 #include <boost/program_options.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -62,6 +63,7 @@ std::string TrainOptions::describe() const {
      << "lr_scaling = " << lr_scaling << "\n"
      << "clip_grad_norm = " << clip_grad_norm << "\n"
      << "skip_nonfinite_steps = " << skip_nonfinite_steps << "\n"
+     << "divergence_factor = " << divergence_factor << "\n"
      << "lr_step = " << lr_step << "\n"
      << "lr_gamma = " << lr_gamma << "\n"
      << "threshold = " << threshold << "\n"
@@ -190,8 +192,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   optim.add_options()("epochs", po::value(&o.epochs)->default_value(o.epochs),
                       "epochs to train in total")("lr", po::value(&o.lr),
                                                   "base learning rate (default: 0.05 with sgd; "
-                                                  "with adamw 0.003, or 0.001 (PyTorch's AdamW "
-                                                  "default) with --weight-init pytorch)")(
+                                                  "with adamw 0.003 x D/8 at --width-divisor D "
+                                                  "<= 8 (0.003 at /8, 0.000375 at /1), or 0.001 "
+                                                  "(PyTorch's AdamW default) with --weight-init "
+                                                  "pytorch)")(
       "optimizer", po::value(&o.optimizer)->default_value(o.optimizer),
       "adamw or sgd (PyTorch semantics; AdamW is the default since the recipe search on "
       "DeepCrack and CrackForest, docs/real-data.md)")(
@@ -213,9 +217,10 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "(0: a fifth of --epochs, rounded up)")(
       "warmup-epochs", po::value(&o.warmup_epochs)->default_value(o.warmup_epochs),
       "linear warm-up: epoch e < W runs at lr x (e+1)/(W+1)")(
-      "warmup-steps", po::value(&o.warmup_steps)->default_value(o.warmup_steps),
+      "warmup-steps", po::value(&o.warmup_steps),
       "linear warm-up per optimiser step on top of the schedule: step s <= N (1-based over the "
-      "run) runs at its epoch's lr x s/N")(
+      "run) runs at its epoch's lr x s/N (default: 20 for the default recipe, adamw with he, "
+      "below --width-divisor 8; else 0)")(
       "lr-scaling", po::value(&o.lr_scaling)->default_value(o.lr_scaling),
       "scale --lr by world size x accumulation steps: none, linear or sqrt")(
       "clip-grad-norm", po::value(&o.clip_grad_norm)->default_value(o.clip_grad_norm),
@@ -224,6 +229,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       po::value(&o.skip_nonfinite_steps)->default_value(o.skip_nonfinite_steps),
       "skip up to K optimiser steps whose loss or gradient norm is not finite (no update), then "
       "stop (exit 3); 0: stop at the first")(
+      "divergence-factor", po::value(&o.divergence_factor)->default_value(o.divergence_factor),
+      "a finite loss that explodes is a divergence too: stop (exit 3, no checkpoint of it) at a "
+      "step whose loss over all ranks exceeds this many times the run's first step's; 0: off")(
       "lr-step", po::value(&o.lr_step)->default_value(o.lr_step), "epochs between LR decays")(
       "lr-gamma", po::value(&o.lr_gamma)->default_value(o.lr_gamma, "0.1"), "LR decay factor")(
       "pos-weight", po::value(&o.pos_weight)->implicit_value("dataset"),
@@ -267,7 +275,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "fp32, or bf16: activations and their gradients stored in bf16, convolutions on bf16 "
       "inputs and weights with fp32 accumulation; weights, optimiser state, batch-norm "
       "statistics, loss and reductions fp32 (as PyTorch autocast; CPUs with AVX512-BF16 or AMX, "
-      "GPUs)")(
+      "GPUs; on AMX with oneDNN 2.x the weight gradients run on AVX512-BF16 kernels, as oneDNN "
+      "2.x's AMX kernel for them writes outside its output: oneDNN 3.x keeps AMX, INSTALL.md)")(
       "cpu-conv", po::value(&o.cpu_conv)->default_value(o.cpu_conv),
       "CPU fp32 3x3 stride-1 convolutions: auto (per pass, whichever is faster when timed at "
       "first use: direct on NHWC, Winograd where oneDNN has it, else direct on oneDNN's blocked "
@@ -378,12 +387,22 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   }
   // AdamW at SGD's rate diverges: without --lr, each optimiser gets its own default. AdamW's step
   // is absolute, and He-initialised weights are about 2.4x PyTorch's default in scale, so they
-  // take a higher rate than PyTorch's AdamW default (docs/real-data.md).
+  // take a higher rate than PyTorch's AdamW default (docs/real-data.md). That rate was chosen at
+  // width /8; AdamW moves every weight by about the rate, so a layer's output moves with its
+  // fan-in, and the default recipe's rate follows the width: kAdamWLr x divisor / 8 (/1: 3.75e-4,
+  // where /8's rate blows the loss up to 1e8 in two steps; DESIGN "The default recipe").
   const bool he_adamw = o.optimizer == "adamw" && o.weight_init == "he";
   if (vm.count("lr") == 0)
     o.lr = o.optimizer == "sgd" ? TrainOptions::kSgdLr
-           : he_adamw           ? TrainOptions::kAdamWLr
+           : he_adamw           ? default_adamw_lr(o.effective_width_divisor())
                                 : TrainOptions::kAdamWPytorchInitLr;
+  // Below /8 the default recipe's first steps spike the loss (AdamW's first steps move every
+  // weight by about the rate whatever its gradient: 13x the first step's loss at /2), and 20
+  // steps of linear warm-up take that away (1.25x; DESIGN "The default recipe"). /8, where the
+  // recipe was tuned, never spiked and keeps none.
+  if (vm.count("warmup-steps") == 0)
+    o.warmup_steps =
+        he_adamw && o.effective_width_divisor() < kTunedWidthDivisor ? kWideWarmupSteps : 0;
   // The crack pixels' weight in BCE: the square root of the class ratio for the default recipe
   // (He and AdamW), which calibrates better than full class balance there; class-balanced for the
   // earlier recipes (SGD, or PyTorch's initialisation), which stall without it on small sets
@@ -489,6 +508,8 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
           o.stall_timeout);
   require(o.skip_nonfinite_steps >= 0, "--skip-nonfinite-steps must be >= 0, got ",
           o.skip_nonfinite_steps);
+  require(o.divergence_factor == 0 || o.divergence_factor > 1,
+          "--divergence-factor must be 0 (off) or greater than 1, got ", o.divergence_factor);
   require(o.check_sync_every >= 0, "--check-sync-every must be >= 0, got ", o.check_sync_every);
   require(vm.count("width-divisor") == 0 || (o.width_divisor >= 1 && 32 % o.width_divisor == 0),
           "--width-divisor must be one of 1, 2, 4, 8, 16, 32, got ", o.width_divisor);
@@ -505,6 +526,11 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   }
   require(known, "unknown --model '", o.model, "' (known: ", names, ")");
   return o;
+}
+
+double default_adamw_lr(int divisor) {
+  return TrainOptions::kAdamWLr * double(std::min(divisor, kTunedWidthDivisor)) /
+         kTunedWidthDivisor;
 }
 
 CpuConvAlgo parse_cpu_conv(const std::string& value) {

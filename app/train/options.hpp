@@ -48,10 +48,11 @@ struct TrainOptions {
   std::string lr_schedule = "auto";  // auto | constant | step | cosine | cooldown (per epoch)
   int cooldown_epochs = 0;           // cooldown's linear decay (0: a fifth of --epochs)
   int warmup_epochs = 0;             // linear warm-up epochs
-  int64_t warmup_steps = 0;          // linear warm-up per optimiser step, on top
+  int64_t warmup_steps = 0;          // linear warm-up per optimiser step, on top (default: parser)
   std::string lr_scaling = "none";   // none | linear | sqrt of world size x accumulation steps
   double clip_grad_norm = 0;         // max global L2 norm of the gradients (0: no clipping)
   int skip_nonfinite_steps = 0;      // steps with a non-finite loss/gradient skipped before a stop
+  double divergence_factor = 100;    // a step loss above this x the run's first one stops (0: off)
   int lr_step = 30;                  // epochs between x lr_gamma
   double lr_gamma = 0.1;
   double threshold = 0.5;  // for IoU, Dice, precision, recall
@@ -114,6 +115,14 @@ struct TrainOptions {
 
 // Parses argv. Returns nullopt after printing --help. Throws UsageError on any bad value.
 std::optional<TrainOptions> parse_train_options(int argc, const char* const* argv, bool print_help);
+
+// The width divisor the default recipe (AdamW, He initialisation) was tuned at (docs/real-data.md).
+inline constexpr int kTunedWidthDivisor = 8;
+// Its --warmup-steps below that divisor.
+inline constexpr int64_t kWideWarmupSteps = 20;
+// Its --lr at width divisor `divisor`: kAdamWLr at kTunedWidthDivisor and above, proportional to
+// the divisor below (3.75e-4 at full width).
+double default_adamw_lr(int divisor);
 
 // --cpu-conv's value (auto, direct, shape, winograd, blocked, gemm or gemm-winograd) as a
 // CpuConvAlgo; UsageError for anything else.

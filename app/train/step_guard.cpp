@@ -1,5 +1,5 @@
-// What the ranks agree on around each optimiser step: preemption, non-finite values, parameter
-// sync and the stall watch on collectives.
+// What the ranks agree on around each optimiser step: preemption, a diverged step (non-finite
+// values, an exploded loss), parameter sync and the stall watch on collectives.
 #include "train/step_guard.hpp"
 
 #include <algorithm>
@@ -55,12 +55,18 @@ std::optional<mpi::StallWatchdog::Scope> StepGuard::watch(const char* collective
   return watchdog_->watch(collective, run_step);
 }
 
-StepGuard::Agreement StepGuard::agree(int64_t run_step, bool loss_finite, bool grad_finite) {
-  // [0]: ranks with a preemption signal; [1 + r]: rank r's non-finite flags (1 loss, 2 gradient).
+StepGuard::Agreement StepGuard::agree(int64_t run_step, double loss_sum, double pixels,
+                                      bool grad_finite) {
+  // [0]: ranks with a preemption signal; [1], [2]: the step's loss and pixels; [3 + r]: rank r's
+  // non-finite flags (1 loss, 2 gradient). Small integers are exact in doubles.
+  constexpr size_t kFlags = 3;
   const size_t world = size_t(comm_.size());
-  std::vector<int64_t> v(1 + world, 0);
+  const bool loss_finite = std::isfinite(loss_sum);
+  std::vector<double> v(kFlags + world, 0.0);
   v[0] = preemption_signal() != 0 ? 1 : 0;
-  v[1 + size_t(comm_.rank())] = (loss_finite ? 0 : 1) | (grad_finite ? 0 : 2);
+  v[1] = loss_finite ? loss_sum : 0.0;
+  v[2] = pixels;
+  v[kFlags + size_t(comm_.rank())] = (loss_finite ? 0 : 1) | (grad_finite ? 0 : 2);
   {
     const auto waiting = watch("step agreement", run_step);
     comm_.allreduce_sum(v.data(), v.size());
@@ -68,8 +74,17 @@ StepGuard::Agreement StepGuard::agree(int64_t run_step, bool loss_finite, bool g
   Agreement a;
   a.preempt = v[0] > 0;
   for (size_t r = 0; r < world; ++r) {
-    if ((v[1 + r] & 1) != 0) a.nonfinite_loss.push_back(int(r));
-    if ((v[1 + r] & 2) != 0) a.nonfinite_grad.push_back(int(r));
+    const int flags = int(v[kFlags + r]);
+    if ((flags & 1) != 0) a.nonfinite_loss.push_back(int(r));
+    if ((flags & 2) != 0) a.nonfinite_grad.push_back(int(r));
+  }
+  // The explosion bound: the first step's loss is the untrained model's (about 1 to 2 for the
+  // losses here, which training lowers); --divergence-factor times it is far above any loss of a
+  // run that trains, and far below the 1e8 of a run whose weights blew up (docs/DESIGN.md).
+  if (a.finite() && v[2] > 0) {
+    a.loss = v[1] / v[2];
+    if (reference_loss_ <= 0) reference_loss_ = a.loss;
+    a.exploded = opt_.divergence_factor > 0 && a.loss > opt_.divergence_factor * reference_loss_;
   }
   if (a.preempt) {
     progress_.clear();
@@ -79,17 +94,20 @@ StepGuard::Agreement StepGuard::agree(int64_t run_step, bool loss_finite, bool g
   return a;
 }
 
-void StepGuard::on_nonfinite(const Agreement& agreed, int64_t epoch, int64_t step_in_epoch,
-                             int64_t run_step, double grad_norm) {
+void StepGuard::on_divergence(const Agreement& agreed, int64_t epoch, int64_t step_in_epoch,
+                              int64_t run_step, double grad_norm) {
   std::string what;
   if (!agreed.nonfinite_loss.empty())
     what = str_cat("non-finite loss on rank(s) ", rank_list(agreed.nonfinite_loss));
   if (!agreed.nonfinite_grad.empty())
     what += str_cat(what.empty() ? "" : "; ", "non-finite gradient norm (",
                     std::isnan(grad_norm) ? "NaN" : "infinite", ") after the all-reduce");
+  if (agreed.exploded)
+    what = str_cat("loss ", agreed.loss, " is more than --divergence-factor ",
+                   opt_.divergence_factor, " times the run's first step's (", reference_loss_, ")");
   const std::string where = str_cat("epoch ", epoch + 1, ", step ", step_in_epoch,
                                     " (optimiser step ", run_step, " of the run)");
-  if (skipped_steps_ < opt_.skip_nonfinite_steps) {
+  if (!agreed.exploded && skipped_steps_ < opt_.skip_nonfinite_steps) {
     ++skipped_steps_;
     progress_.clear();
     if (comm_.rank() == 0)  // every rank knows: one line
@@ -104,7 +122,8 @@ void StepGuard::on_nonfinite(const Agreement& agreed, int64_t epoch, int64_t ste
   throw AgreedFailure(
       str_cat("training diverged in ", where, ": ", what,
               "; stopped before the update, no checkpoint of this state is written (newest: ",
-              newest, "); lower --lr, use --clip-grad-norm or --skip-nonfinite-steps"),
+              newest, "); lower --lr, use --clip-grad-norm or ",
+              agreed.exploded ? "raise --divergence-factor" : "--skip-nonfinite-steps"),
       kExitNonFinite, comm_.rank() == 0);
 }
 

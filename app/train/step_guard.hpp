@@ -1,5 +1,6 @@
-// What the ranks agree on around each optimiser step: preemption, non-finite values, parameter
-// sync (--check-sync-every) and the stall watch on collectives (--stall-timeout).
+// What the ranks agree on around each optimiser step: preemption, a diverged step (a non-finite
+// value or an exploded loss), parameter sync (--check-sync-every) and the stall watch on
+// collectives (--stall-timeout).
 #pragma once
 
 #include <cstdint>
@@ -30,20 +31,26 @@ class StepGuard {
   std::optional<mpi::StallWatchdog::Scope> watch(const char* collective, int64_t run_step);
 
   // What every rank learns at the end of each optimiser step, before its update, from one small
-  // all-reduce: whether a signal asks for preemption, and which ranks saw a non-finite loss or
-  // gradient norm. `run_step`: the optimiser step of the run it concludes.
+  // all-reduce: whether a signal asks for preemption, which ranks saw a non-finite loss or
+  // gradient norm, and the step's loss over all ranks. `run_step`: the optimiser step of the run
+  // it concludes; `loss_sum` and `pixels`: this rank's summed per-pixel loss of the step and the
+  // pixels it is over (zero for a step that trains nothing, which sets no reference).
   struct Agreement {
     bool preempt = false;
     std::vector<int> nonfinite_loss, nonfinite_grad;  // ranks
+    double loss = 0;        // the step's mean loss per pixel over all ranks
+    bool exploded = false;  // loss > --divergence-factor x the run's first step's loss
     bool finite() const { return nonfinite_loss.empty() && nonfinite_grad.empty(); }
+    bool diverged() const { return !finite() || exploded; }
   };
-  Agreement agree(int64_t run_step, bool loss_finite, bool grad_finite);
+  Agreement agree(int64_t run_step, double loss_sum, double pixels, bool grad_finite);
 
-  // A step the agreement found non-finite: skipped with one warning (--skip-nonfinite-steps),
-  // or every rank throws AgreedFailure (kExitNonFinite) with one line from rank 0 naming the
-  // newest checkpoint. `step_in_epoch` and `run_step` are 1-based.
-  void on_nonfinite(const Agreement& agreed, int64_t epoch, int64_t step_in_epoch, int64_t run_step,
-                    double grad_norm);
+  // A diverged step: a non-finite one is skipped with one warning (--skip-nonfinite-steps) while
+  // skips are left; otherwise (and always for an exploded loss, whose weights are already lost)
+  // every rank throws AgreedFailure (kExitNonFinite) with one line from rank 0 naming the step,
+  // the loss and the newest checkpoint. `step_in_epoch` and `run_step` are 1-based.
+  void on_divergence(const Agreement& agreed, int64_t epoch, int64_t step_in_epoch,
+                     int64_t run_step, double grad_norm);
 
   // Compares a hash of every parameter tensor with rank 0's; on a mismatch every rank throws
   // AgreedFailure naming the first tensor (declaration order) that differs.
@@ -55,7 +62,8 @@ class StepGuard {
   Logger log_;
   TrainProgress& progress_;
   std::unique_ptr<mpi::StallWatchdog> watchdog_;
-  int skipped_steps_ = 0;  // --skip-nonfinite-steps used in this run
+  int skipped_steps_ = 0;      // --skip-nonfinite-steps used in this run
+  double reference_loss_ = 0;  // the run's first finite step loss (0: none yet)
 };
 
 }  // namespace dp::app

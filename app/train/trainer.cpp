@@ -181,6 +181,7 @@ void Trainer::choose_device() {
     log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (", cpu_onednn_version(), ", ",
               cpu_isa_name(), "), ", threads.threads, " thread(s) per rank (", threads.source,
               "), ", convs);
+    if (const std::string note = cpu_bf16_note(); bf16 && !note.empty()) log_.info(note);
   }
   const std::string nccl = device_->nccl_version();
   log_.info("preemption: ", signal_names(preemption_signals()),
@@ -413,8 +414,8 @@ EpochMetrics Trainer::train_epoch(int64_t epoch) {
 
 // One optimiser step: forward, loss and backward of each of its micro-batches (the last one's
 // gradients all-reduced bucket by bucket while its backward runs), then the agreement of all
-// ranks (preemption, a non-finite loss or gradient norm), clipping and the update. `sums` gain
-// the step's loss and counts, unless the step is skipped as non-finite.
+// ranks (preemption, a non-finite or exploded loss, a non-finite gradient norm), clipping and the
+// update. `sums` gain the step's loss and counts, unless the step is skipped as non-finite.
 Trainer::StepResult Trainer::train_step(const EpochContext& e, int64_t step, EpochSums& sums) {
   const EpochSums before = sums;
   const int64_t run_step = state_.step + 1;  // 1-based, over the whole run
@@ -456,22 +457,22 @@ Trainer::StepResult Trainer::train_step(const EpochContext& e, int64_t step, Epo
     reducer_->wait();
     result.reduce_seconds = seconds_since(waited_from);
   }
-  // The non-finite guard: this rank's loss so far in the epoch (finite before this step) and the
-  // L2 norm of the averaged gradients (identical on every rank), agreed on before the update, in
-  // the all-reduce that also carries the preemption flag.
+  // The divergence guard: this step's loss on every rank (non-finite, or exploded past
+  // --divergence-factor) and the L2 norm of the averaged gradients (identical on every rank),
+  // agreed on before the update, in the all-reduce that also carries the preemption flag.
   float* grads = model_->params().grads();
   const int64_t grad_count = model_->params().arena_size();
   const double grad_norm = std::sqrt(backend_->sum_squares(grad_count, grads));
-  const StepGuard::Agreement agreed =
-      guard_.agree(run_step, std::isfinite(sums.loss), std::isfinite(grad_norm));
+  const StepGuard::Agreement agreed = guard_.agree(
+      run_step, sums.loss - before.loss, sums.pixels - before.pixels, std::isfinite(grad_norm));
   result.preempt = agreed.preempt;
-  if (agreed.finite()) {
+  if (!agreed.diverged()) {
     if (opt_.clip_grad_norm > 0)  // the reduced, averaged gradients: identical on every rank
       scale_to_max_norm(*backend_, grads, grad_count, grad_norm, opt_.clip_grad_norm);
     optim_->update(float(step_lr(opt_, e.lr, run_step)), run_step);
     if (average_) average_->update(run_step);
   } else {  // no update; the step's loss and counts are dropped
-    guard_.on_nonfinite(agreed, e.epoch, e.start.step + step + 1, run_step, grad_norm);
+    guard_.on_divergence(agreed, e.epoch, e.start.step + step + 1, run_step, grad_norm);
     sums = before;
   }
   state_.step = run_step;
@@ -639,7 +640,7 @@ int Trainer::run() {
       return 0;
     }
     // A signal during validation or the checkpoint: the epoch checkpoint is the resume point.
-    if (epoch + 1 < opt_.epochs && guard_.agree(state_.step, true, true).preempt) {
+    if (epoch + 1 < opt_.epochs && guard_.agree(state_.step, 0, 0, true).preempt) {
       if (!saved) {  // --save-every skipped it: the resume point
         const auto waiting = watch("checkpoint agreement (rank 0 writes)");
         checkpoints_->write_epoch(state_, true, false);
