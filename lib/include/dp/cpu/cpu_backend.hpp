@@ -55,7 +55,7 @@ std::string cpu_bf16_support();
 // sizes (192x256, 192x240, 384x512, 384x544; not 160x288, 176x256 or 256x256), whatever the batch
 // or thread count, corrupting the heap (tools/onednn_bf16_weights_probe.cpp shows it with oneDNN
 // alone). oneDNN 3.2 does not. True where this process's oneDNN is 2.x and runs AMX: the CPU
-// backend then builds those passes on the next implementation (avx512_core_bf16).
+// backend then builds those convolution passes on the next implementation (avx512_core_bf16).
 bool cpu_amx_bf16_weights_bug();
 // The start-up line saying so where cpu_amx_bf16_weights_bug(), else empty.
 std::string cpu_bf16_note();
