@@ -9,7 +9,8 @@ namespace dp::app {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;  // an error (one line says what, where, what was expected)
 inline constexpr int kExitUsage = 2;    // bad options or input files the user must change
-// dptrain: a non-finite loss or gradient norm stopped training (no checkpoint of it is written).
+// dptrain: a non-finite loss or gradient norm, or a loss past --divergence-factor, stopped training
+// (no checkpoint of it is written).
 inline constexpr int kExitNonFinite = 3;
 // dptrain: a collective waited longer than --stall-timeout (a rank stopped, hung or died).
 inline constexpr int kExitStalled = 4;
