@@ -398,7 +398,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
                                 : TrainOptions::kAdamWPytorchInitLr;
   // Below /8 the default recipe's first steps spike the loss (AdamW's first steps move every
   // weight by about the rate whatever its gradient: 13x the first step's loss at /2), and 20
-  // steps of linear warm-up take that away (1.25x; DESIGN "The default recipe"). /8, where the
+  // steps of linear warm-up take that away (1.2x; DESIGN "The default recipe"). /8, where the
   // recipe was tuned, never spiked and keeps none.
   if (vm.count("warmup-steps") == 0)
     o.warmup_steps =
