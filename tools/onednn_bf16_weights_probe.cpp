@@ -1,7 +1,7 @@
 // Shows oneDNN's bf16 convolution backward-weights pass writing outside its buffers, with oneDNN
 // alone: every buffer between two guard pages, and a fault named by buffer and offset.
 //
-//   g++ -O1 -std=c++17 tools/onednn_bf16_weights_probe.cpp -o /tmp/probe -ldnnl
+//   g++ -O1 -std=c++17 tools/onednn_bf16_weights_probe.cpp -o /tmp/probe -ldnnl  (2.x or 3.x)
 //   /tmp/probe 1 24 16 192 256       # N C_in C_out H W (3x3, stride 1, padding 1)
 //
 // Prints the implementation oneDNN chose, then "ok" (exit 0) or the fault (exit 3). Debian's
@@ -84,12 +84,19 @@ int main(int argc, char** argv) {
   const memory::dims strides{1, 1}, pad{1, 1};
   const auto alg = dnnl::algorithm::convolution_direct;
   // The fused post-op and the relu do not matter; dptrain builds the same descriptors otherwise.
-  const dnnl::convolution_forward::primitive_desc fwd(
-      {dnnl::prop_kind::forward_training, alg, src, wei, bias, dst, strides, pad, pad}, eng);
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+#if DNNL_VERSION_MAJOR >= 3
+  const dnnl::convolution_forward::primitive_desc fwd(eng, dnnl::prop_kind::forward_training, alg,
+                                                      src, wei, bias, dst, strides, pad, pad);
+  const dnnl::convolution_backward_weights::primitive_desc pd(eng, alg, src, dwei, bias, dst,
+                                                              strides, pad, pad, fwd, attr);
+#else
+  const dnnl::convolution_forward::primitive_desc fwd(
+      {dnnl::prop_kind::forward_training, alg, src, wei, bias, dst, strides, pad, pad}, eng);
   const dnnl::convolution_backward_weights::primitive_desc pd(
       {alg, src, dwei, bias, dst, strides, pad, pad}, attr, eng, fwd);
+#endif
   std::printf("%s\n", pd.impl_info_str());
   std::fflush(stdout);
 
