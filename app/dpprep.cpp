@@ -333,8 +333,13 @@ int run_build(const std::vector<std::string>& args) {
   std::cout << kProgram << ": wrote " << opt.out << ": train " << r.train << " ("
             << r.train_with_cracks << " with cracks), val " << r.val << " (" << r.val_with_cracks
             << " with cracks), " << r.width << "x" << r.height << " (WxH)"
-            << (r.resized ? " resized" : "") << (r.padded ? " padded" : "") << ", pos_weight "
-            << r.pos_weight << "\n"
+            << (r.resized ? " resized" : "") << (r.padded ? " padded" : "")
+            << (!r.resized        ? ""
+                : r.scale.known() ? dp::str_cat(" (scale ", r.scale.x, "x", r.scale.y,
+                                                " of the photographs, recorded for dppredict)")
+                                  : std::string(" (from photographs of several sizes: no scale "
+                                                "recorded; dppredict --scale gives one)"))
+            << ", pos_weight " << r.pos_weight << "\n"
             << kProgram << ": train mean " << triple(r.mean) << ", std " << triple(r.std)
             << " (RGB)\n";
   if (r.tiled) {

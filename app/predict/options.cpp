@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 
 #include "placeholders.hpp"
@@ -32,19 +33,45 @@ void parse_tile(const std::string& text, int& height, int& width) {
   width = w;
 }
 
+// "auto" (0, 0), "S" (both axes) or "SXxSY" (as dpprep's --resize WxH: x first), each in
+// (0, kMaxScale].
+void parse_scale(const std::string& text, double& scale_y, double& scale_x) {
+  constexpr double kMaxScale = 16;
+  if (text == "auto") {
+    scale_y = scale_x = 0;
+    return;
+  }
+  double x = 0, y = 0;
+  char sep = 0, extra = 0;
+  const int n = std::sscanf(text.c_str(), "%lf%c%lf%c", &x, &sep, &y, &extra);
+  if (n == 1) {
+    y = x;
+  } else if (n != 3 || (sep != 'x' && sep != 'X')) {
+    throw UsageError(str_cat("--scale must be auto, S or SXxSY, got '", text, "'"));
+  }
+  if (!(x > 0 && x <= kMaxScale && y > 0 && y <= kMaxScale))
+    throw UsageError(str_cat("--scale factors must be in (0, ", kMaxScale, "], got '", text, "'"));
+  scale_y = y;
+  scale_x = x;
+}
+
 }  // namespace
 
 std::optional<PredictOptions> parse_predict_options(int argc, const char* const* argv,
                                                     bool print_help) {
   PredictOptions o;
-  std::string tile, threshold;
+  std::string tile, threshold, scale;
   po::options_description in("Input");
   in.add_options()("checkpoint,c", po::value(&o.checkpoint),
                    "trained model: model_best.h5 or model_epoch_<N>.h5 (required)")(
       "list", po::value(&o.list), "text file naming one image per line (# comments)")(
       "dataset", po::value(&o.dataset),
       "dataset v1 HDF5 file instead of images; its masks give IoU, Dice, precision, recall")(
-      "split", po::value(&o.split)->default_value(o.split), "split of --dataset: train or val");
+      "split", po::value(&o.split)->default_value(o.split), "split of --dataset: train or val")(
+      "masks", po::value(&o.masks),
+      "folder of the true masks of the image inputs (<stem>.png or another image type; pixels "
+      "> 127 are crack), at the images' sizes: IoU, Dice, precision, recall, ODS/OIS/AP as "
+      "with --dataset, at the photographs' own resolution");
   po::options_description out("Output");
   out.add_options()("out,o", po::value(&o.out),
                     "output folder: masks/, prob/ and overlay/ (optional with --dataset)")(
@@ -53,7 +80,8 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
       "over the validation split that dptrain recorded for the checkpoint's epoch, 0.5 where "
       "none was recorded; ods: that recorded threshold or an error")(
       "tolerance", po::value(&o.tolerance)->default_value(o.tolerance),
-      "with --dataset: ODS/OIS/AP count a predicted crack pixel within this many pixels of a "
+      "with --dataset or --masks: ODS/OIS/AP count a predicted crack pixel within this many pixels "
+      "of a "
       "true one as right, and a true one with a prediction this close as found")(
       "save-prob", po::bool_switch(&o.save_prob),
       "also write the probability map (prob/), as --prob-format says")(
@@ -86,14 +114,21 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
       "(and so from the overlays, the mask scores of --dataset and the measurements; 1 keeps "
       "every pixel above the threshold)")(
       "per-image", po::value(&o.per_image),
-      "with --dataset: write this CSV file, one row of scores per sample (source file and tile "
-      "position where dpprep stored them, pixel counts, IoU, F1, precision, recall, clDice, the "
+      "with --dataset or --masks: write this CSV file, one row of scores per sample (source "
+      "file and tile position where dpprep stored them, pixel counts, IoU, F1, precision, recall, "
+      "clDice, the "
       "sample's best F over the thresholds)");
   po::options_description run("Inference");
   run.add_options()("tta", po::value(&o.tta)->default_value(o.tta),
                     "test-time augmentation: none; flips (each tile also flipped left-right, "
                     "up-down and both: 4x the time); dihedral (and transposed: 8x, square tiles "
                     "only); the probabilities are averaged")(
+      "scale", po::value(&scale)->default_value("auto"),
+      "network pixels per input pixel: auto (the default) resizes every image as dpprep build "
+      "--resize resized the training photographs (the scale dptrain recorded in the checkpoint; "
+      "1 where none was recorded, or relative to --dataset's own), predicts, and brings the "
+      "probabilities back to the image's size; S (both axes) or SXxSY (x first, as --resize WxH) "
+      "instead; 1 predicts at the images' own resolution")(
       "tile", po::value(&tile),
       "tile size N or HxW (default: the size the checkpoint was trained on)")(
       "overlap", po::value(&o.overlap),
@@ -162,8 +197,8 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   if (o.measure_only) {
     require(files, "--measure-only: give mask files or folders (or --list FILE)");
     require(!o.out.empty(), "--measure-only needs --out (the folder of the CSV files)");
-    require(!o.from_dataset() && o.checkpoint.empty(),
-            "--measure-only measures masks: no --checkpoint or --dataset");
+    require(!o.from_dataset() && o.checkpoint.empty() && o.masks.empty(),
+            "--measure-only measures masks: no --checkpoint, --dataset or --masks");
     require(!o.save_prob && !o.overlay, "--measure-only writes no --save-prob or --overlay");
     return o;
   }
@@ -197,7 +232,13 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
           o.margin);
   require(!(o.out.empty() && (o.save_prob || o.overlay || o.measure)),
           "--save-prob, --overlay and --measure need --out");
-  require(o.per_image.empty() || o.from_dataset(), "--per-image needs --dataset");
+  require(o.per_image.empty() || o.scored(), "--per-image needs --dataset or --masks");
+  require(o.masks.empty() || files, "--masks scores image inputs (files, folders, --list)");
+  if (!o.masks.empty()) {
+    std::error_code ec;
+    require(std::filesystem::is_directory(o.masks, ec), "--masks '", o.masks, "' is not a folder");
+  }
+  parse_scale(scale, o.scale_y, o.scale_x);
   require(o.prob_format == "png16" || o.prob_format == "png8" || o.prob_format == "tiff32",
           "--prob-format must be png16, png8 or tiff32, got '", o.prob_format, "'");
   parse_tta(o.tta);

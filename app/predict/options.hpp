@@ -13,7 +13,8 @@ struct PredictOptions {
   std::string list;                 // a text file naming one image per line
   std::string dataset;              // or a dataset v1 file (masks give metrics)
   std::string split = "val";        // its split
-  std::string out;                  // output folder (optional with --dataset: metrics only)
+  std::string masks;  // folder of the image inputs' true masks (same stem): scores as --dataset's
+  std::string out;    // output folder (optional with --dataset: metrics only)
   // --threshold: auto (the default) takes the validation ODS threshold dptrain recorded for the
   // checkpoint's epoch where there is one, else 0.5; ods insists on the recorded one; a number
   // in (0, 1) is used as given.
@@ -29,7 +30,10 @@ struct PredictOptions {
   int tile_height = 0, tile_width = 0;  // 0: the checkpoint's training size
   int overlap = -1;                     // pixels; -1: a quarter of the smaller tile side
   int margin = 0;                       // pixels of reflected context around every image
-  int batch_size = 4;                   // tiles per forward pass
+  // --scale: network input pixels per input pixel, along y and x; 0: auto (the training set's
+  // scale recorded in the checkpoint, relative to a --dataset's own).
+  double scale_y = 0, scale_x = 0;
+  int batch_size = 4;              // tiles per forward pass
   std::string cpu_conv = "shape";  // 3x3 convolution kernels (dptrain's --cpu-conv; bench/README)
   std::string precision = "fp32";  // fp32 | bf16 (activations; dptrain's --precision)
   std::string device = "auto";     // auto (the GPU where every rank sees one) | cpu | cuda
@@ -43,6 +47,7 @@ struct PredictOptions {
   std::string per_image;      // --dataset: a CSV with one row of scores per sample
 
   bool from_dataset() const { return !dataset.empty(); }
+  bool scored() const { return from_dataset() || !masks.empty(); }  // true masks given
 };
 
 // Parses argv. Returns nullopt after printing --help. Throws UsageError on any bad value.

@@ -48,7 +48,7 @@ constexpr const char* kOverlayDir = "overlay";
 constexpr const char* kUncertaintyDir = "uncertainty";
 constexpr float kMaxWord = 65535.0f;
 constexpr float kMaxDeviation = 0.5f;  // of a probability: --save-uncertainty's full scale
-// --measure-only: mask pixels above this are crack (as dpprep build reads masks).
+// Mask files (--measure-only, --masks): pixels above this are crack (as dpprep build reads masks).
 constexpr uint8_t kMaskInputThreshold = 127;
 constexpr const char* kMeasurementsFile = "measurements.csv";
 constexpr const char* kSummaryFile = "summary.csv";
@@ -107,7 +107,55 @@ struct Input {
   std::string name;
   std::string path;    // image file; empty for a dataset sample
   int64_t index = -1;  // dataset sample
+  std::string mask;    // --masks: the image file's true mask
 };
+
+// The true mask of every image input, by stem, from the --masks folder (any image type).
+void find_masks(const std::string& folder, std::vector<Input>& inputs) {
+  std::map<std::string, std::string> by_stem;
+  for (const auto& e : fs::directory_iterator(folder))
+    if (is_listed_image(e)) by_stem.emplace(e.path().stem().string(), e.path().string());
+  for (Input& in : inputs) {
+    const auto it = by_stem.find(in.name);
+    DP_CHECK(it != by_stem.end(), "--masks '", folder, "' has no mask for '", in.path,
+             "' (expected ", in.name, ".png or another image file of that stem)");
+    in.mask = it->second;
+  }
+}
+
+// The true mask of an image input: read, checked against the image's size and binarised as
+// dpprep build reads masks (> 127: crack, stored as 1).
+std::vector<uint8_t> read_true_mask(const Input& in, int width, int height) {
+  data::Image mask = data::read_image(in.mask, data::PixelFormat::kGray);
+  DP_CHECK(mask.width == width && mask.height == height, in.mask, ": mask is ", mask.width, "x",
+           mask.height, " but its image '", in.path, "' is ", width, "x", height,
+           " (WxH); expected the same size");
+  for (uint8_t& v : mask.pixels) v = v > kMaskInputThreshold ? 1 : 0;
+  return std::move(mask.pixels);
+}
+
+// --scale: the factor that brings an input to the network's pixel scale (the training set's),
+// and why.
+struct Resampling {
+  double y = 1, x = 1;
+  std::string why;
+  bool none() const { return y == 1 && x == 1; }
+};
+
+Resampling choose_resampling(const PredictOptions& o, const CheckpointMeta& meta,
+                             const data::Dataset* dataset) {
+  if (o.scale_y > 0) return {o.scale_y, o.scale_x, "--scale"};
+  if (meta.scale_y <= 0 || meta.scale_x <= 0)
+    return {1, 1, "--scale auto: the checkpoint records no training scale"};
+  if (dataset == nullptr)
+    return {meta.scale_y, meta.scale_x,
+            "--scale auto: as dpprep resized the training photographs, recorded in the "
+            "checkpoint"};
+  const data::PixelScale& own = dataset->scale();
+  if (!own.known()) return {1, 1, "--scale auto: the dataset records no scale of its own"};
+  return {meta.scale_y / own.y, meta.scale_x / own.x,
+          "--scale auto: the checkpoint's training scale over the dataset's"};
+}
 
 // Writes a file whole or not at all: written under a temporary name (temp_path_for) and renamed
 // into place, so that a failed write (e.g. a full disk) or a kill never leaves a truncated file
@@ -259,12 +307,13 @@ std::string score(double v) {
   return fixed(v, 6);
 }
 
-// The --per-image row of dataset sample `index`: its source, pixel counts and scores at the
+// The --per-image row of sample `index` (a dataset's, or an image input's with --masks): its
+// source ("file,y,x"), pixel counts and scores at the
 // mask's threshold, and its own best F over the thresholds (what OIS averages: 1 for a sample
 // without crack where some threshold predicts none) with that threshold (0 without crack).
-std::string sample_row(int64_t index, const std::vector<data::SampleSource>& sources,
-                       const float* prob, const uint8_t* mask, const uint8_t* truth, int height,
-                       int width, int tolerance) {
+std::string sample_row(int64_t index, const std::string& source, const float* prob,
+                       const uint8_t* mask, const uint8_t* truth, int height, int width,
+                       int tolerance) {
   SegmentationMetrics m;
   const size_t pixels = size_t(height) * size_t(width);
   for (size_t i = 0; i < pixels; ++i) {
@@ -276,11 +325,6 @@ std::string sample_row(int64_t index, const std::vector<data::SampleSource>& sou
   ThresholdSweep sweep(tolerance);
   sweep.add_probabilities(prob, truth, height, width);
   const SweepResult best = sweep.result();
-  std::string source = ",,";
-  if (!sources.empty()) {
-    const data::SampleSource& s = sources[size_t(index)];
-    source = str_cat(csv_field(s.name), ",", s.y, ",", s.x);
-  }
   return str_cat(index, ",", source, ",", m.tp + m.fn, ",", m.tp + m.fp, ",", m.tp, ",", m.fp, ",",
                  m.fn, ",", score(m.iou()), ",", score(m.dice()), ",", score(m.precision()), ",",
                  score(m.recall()), ",", score(centerline.value()), ",", score(best.ois), ",",
@@ -396,10 +440,11 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     if (o.from_dataset()) {
       dataset = std::make_unique<data::Dataset>(o.dataset, o.split);
       for (int64_t i = 0; i < dataset->size(); ++i)
-        inputs.push_back({str_cat(o.split, "_", padded(i, dataset->size() - 1)), "", i});
+        inputs.push_back({str_cat(o.split, "_", padded(i, dataset->size() - 1)), "", i, {}});
     } else {
       for (std::string& f : list_inputs(o))
-        inputs.push_back({fs::path(f).stem().string(), std::move(f), -1});
+        inputs.push_back({fs::path(f).stem().string(), std::move(f), -1, {}});
+      if (!o.masks.empty()) find_masks(o.masks, inputs);
     }
     if (rank == 0 && !o.out.empty()) {
       ensure_writable_dir((fs::path(o.out) / kMaskDir).string());
@@ -409,6 +454,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
     }
   });
   const CheckpointMeta& meta = predictor->meta();
+  const Resampling resampling = choose_resampling(o, meta, dataset.get());
   // The mask threshold and why: weighted crack pixels move the best one away from 0.5 (0.72-0.95 on
   // DeepCrack, docs/real-data.md).
   const double recorded = recorded_ods_threshold(meta);
@@ -457,7 +503,9 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
       o.tta != "none"
           ? str_cat(", --tta ", o.tta, " (", tta_variants(parse_tta(o.tta)), " variants per tile)")
           : std::string(),
-      "; threshold ", threshold, " (", why, ")");
+      "; scale ", resampling.x, "x", resampling.y,
+      resampling.none() ? " (images as they are; " : " (images resized by it, masks back; ",
+      resampling.why, "); threshold ", threshold, " (", why, ")");
 
   std::vector<size_t> mine;
   for (size_t i = size_t(rank); i < inputs.size(); i += size_t(world)) mine.push_back(i);
@@ -475,11 +523,30 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   std::vector<std::string> summary_rows(o.measure ? inputs.size() : 0);
   std::vector<std::string> sample_rows(o.per_image.empty() ? 0 : inputs.size());
   std::vector<data::SampleSource> sources;
-  if (!o.per_image.empty()) sources = dataset->read_sources();
+  if (!o.per_image.empty() && dataset) sources = dataset->read_sources();
+  // --scale: the images as read, while their resized copies are in flight.
+  std::unordered_map<size_t, data::Image> natives;
 
   // Writes the outputs of one finished image and counts it.
-  auto finish = [&](size_t id, const data::Image& image, std::vector<float>& prob,
-                    const std::vector<float>& uncertainty) {
+  auto finish = [&](size_t id, const data::Image& predicted, std::vector<float>& prob,
+                    const std::vector<float>& predicted_uncertainty) {
+    // A resized image's maps back at its own size.
+    const data::Image* photo = &predicted;
+    const std::vector<float>* uncertainty_at_size = &predicted_uncertainty;
+    std::vector<float> resized_uncertainty;
+    const auto native = natives.find(id);
+    if (native != natives.end()) {
+      photo = &native->second;
+      prob = data::resize_bilinear(prob, predicted.width, predicted.height, photo->width,
+                                   photo->height);
+      if (!predicted_uncertainty.empty()) {
+        resized_uncertainty = data::resize_bilinear(predicted_uncertainty, predicted.width,
+                                                    predicted.height, photo->width, photo->height);
+        uncertainty_at_size = &resized_uncertainty;
+      }
+    }
+    const data::Image& image = *photo;
+    const std::vector<float>& uncertainty = *uncertainty_at_size;
     const int w = image.width, h = image.height;
     const size_t pixels = size_t(w) * size_t(h);
     std::vector<uint8_t> mask(pixels);
@@ -536,11 +603,20 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
         m.fn += !p && g;
       }
       m.pixels += int64_t(pixels);
-      if (!sample_rows.empty())
-        sample_rows[id] = sample_row(inputs[id].index, sources, prob.data(), mask.data(),
-                                     t->second.data(), h, w, o.tolerance);
+      if (!sample_rows.empty()) {
+        const Input& in = inputs[id];
+        std::string source = ",,";
+        if (!sources.empty())
+          source = str_cat(csv_field(sources[size_t(in.index)].name), ",",
+                           sources[size_t(in.index)].y, ",", sources[size_t(in.index)].x);
+        else if (!in.path.empty())
+          source = str_cat(csv_field(fs::path(in.path).filename().string()), ",0,0");
+        sample_rows[id] = sample_row(in.index >= 0 ? in.index : int64_t(id), source, prob.data(),
+                                     mask.data(), t->second.data(), h, w, o.tolerance);
+      }
       truth.erase(t);
     }
+    if (native != natives.end()) natives.erase(native);
     ++m.images;
     progress.advance();
   };
@@ -581,6 +657,21 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
               unreadable(in.path, e.what());
               continue;
             }
+            if (!in.mask.empty()) {
+              try {
+                truth.emplace(id, read_true_mask(in, image.width, image.height));
+              } catch (const Error& e) {
+                unreadable(in.mask, e.what());
+                continue;
+              }
+            }
+          }
+          if (!resampling.none()) {
+            const int width = std::max(1, int(std::lround(image.width * resampling.x)));
+            const int height = std::max(1, int(std::lround(image.height * resampling.y)));
+            data::Image resized = data::resize_bilinear(image, width, height);
+            natives.insert_or_assign(id, std::move(image));
+            image = std::move(resized);
           }
           runner.submit(id, std::move(image), finish);
         }
@@ -590,7 +681,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
       &sums);
   progress.end_line();
   SegmentationMetrics total{sums[0], sums[1], sums[2], sums[3], sums[4], {}};
-  if (dataset) {  // every rank finished: the sweep's counts sum over ranks
+  if (o.scored()) {  // every rank finished: the sweep's counts sum over ranks
     comm.allreduce_sum(sweep.counts().data(), sweep.counts().size());
     comm.allreduce_sum(sweep.sums().data(), sweep.sums().size());
     comm.allreduce_sum(centerline.counts().data(), centerline.counts().size());
@@ -617,14 +708,14 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
                  static_cast<long long>(total.images), static_cast<long long>(failures));
     std::fflush(stderr);
   }
-  if (dataset) {
-    log.info("metrics on ", o.dataset, " /", o.split, " (", total.images, " images, ", total.pixels,
-             " pixels, threshold ", threshold, "): iou ", fixed(total.iou(), 8), "  dice ",
-             fixed(total.dice(), 8), "  precision ", fixed(total.precision(), 8), "  recall ",
-             fixed(total.recall(), 8), "  cldice ", fixed(total.cldice, 8),
-             "; over thresholds 0.01..0.99, tolerance ", o.tolerance, " px: ods ",
-             fixed(total.sweep.ods, 8), " (t ", fixed(total.sweep.ods_threshold, 2), ")  ois ",
-             fixed(total.sweep.ois, 8), "  ap ", fixed(total.sweep.ap, 8));
+  if (o.scored()) {
+    log.info("metrics on ", dataset ? str_cat(o.dataset, " /", o.split) : o.masks, " (",
+             total.images, " images, ", total.pixels, " pixels, threshold ", threshold, "): iou ",
+             fixed(total.iou(), 8), "  dice ", fixed(total.dice(), 8), "  precision ",
+             fixed(total.precision(), 8), "  recall ", fixed(total.recall(), 8), "  cldice ",
+             fixed(total.cldice, 8), "; over thresholds 0.01..0.99, tolerance ", o.tolerance,
+             " px: ods ", fixed(total.sweep.ods, 8), " (t ", fixed(total.sweep.ods_threshold, 2),
+             ")  ois ", fixed(total.sweep.ois, 8), "  ap ", fixed(total.sweep.ap, 8));
   }
   if (metrics_out != nullptr) *metrics_out = total;
   return failures > 0 ? kExitSomeInputsFailed : kExitOk;

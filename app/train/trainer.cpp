@@ -556,6 +556,8 @@ void Trainer::stamp_state(float lr) {
   state_.deconv = opt_.deconv;
   state_.height = height_;
   state_.width = width_;
+  state_.scale_y = train_loader_->scale().y;  // 0 where unknown, as CheckpointMeta reads it
+  state_.scale_x = train_loader_->scale().x;
   state_.world_size = comm_.size();
   state_.global_batch = int64_t(opt_.batch_size) * comm_.size();
   state_.seed = int64_t(opt_.seed);

@@ -27,6 +27,9 @@ constexpr const char* kFormatAttr = "format";
 constexpr const char* kPosWeightAttr = "pos_weight";
 constexpr const char* kMeanAttr = "mean";
 constexpr const char* kStdAttr = "std";
+constexpr const char* kScaleYAttr = "scale_y";
+constexpr const char* kScaleXAttr = "scale_x";
+constexpr const char* kResizedAttr = "resized";  // dpprep build --resize (before scale_y, scale_x)
 constexpr double kMaxByte = 255.0;
 constexpr int64_t kMaxSamples = int64_t{1} << 31;  // per split
 
@@ -168,6 +171,15 @@ Dataset::Dataset(const std::string& path, const std::string& split) : path_(path
       mean_[c] = static_cast<float>(mean[c]);
       std_[c] = static_cast<float>(stdev[c]);
     }
+  }
+
+  if (file_->has_attr(kScaleYAttr) && file_->has_attr(kScaleXAttr)) {
+    scale_ = {file_->attr_double(kScaleYAttr), file_->attr_double(kScaleXAttr)};
+    DP_CHECK(scale_.known() && scale_.y <= kMaxImageSide && scale_.x <= kMaxImageSide, "'", path,
+             "': root attributes '", kScaleYAttr, "' and '", kScaleXAttr, "' are ", scale_.y,
+             " and ", scale_.x, ", expected positive numbers (pixels per source pixel)");
+  } else if (file_->has_attr(kResizedAttr) && file_->attr_int(kResizedAttr) != 0) {
+    scale_ = kUnknownScale;
   }
 }
 
@@ -380,6 +392,13 @@ void DatasetWriter::set_attr(const std::string& name, double value) {
   DP_CHECK(!impl_->committed && impl_->file, "dataset writer for '", impl_->path,
            "': set_attr after commit");
   impl_->file->set_attr(name, value);
+}
+
+void DatasetWriter::set_scale(const PixelScale& scale) {
+  DP_CHECK(scale.known(), "dataset writer for '", impl_->path, "': scale ", scale.y, "x", scale.x,
+           " is not positive");
+  set_attr(kScaleYAttr, scale.y);
+  set_attr(kScaleXAttr, scale.x);
 }
 
 void DatasetWriter::commit() {

@@ -17,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "dp/error.hpp"
 
@@ -637,27 +638,58 @@ std::vector<uint8_t> encode_tiff_float(const float* values, int width, int heigh
   return std::move(sink.bytes);
 }
 
-Image resize_bilinear(const Image& src, int width, int height) {
-  check_resize(src, width, height);
-  const std::vector<Tap> xs = bilinear_taps(src.width, width);
-  const std::vector<Tap> ys = bilinear_taps(src.height, height);
-  const int c = src.channels;
-  Image dst{width, height, c, std::vector<uint8_t>(static_cast<size_t>(width) * height * c)};
+namespace {
+
+// Bilinear resampling of `channels` interleaved channels (resize_bilinear's taps); 8-bit values
+// are rounded and clamped, floats kept.
+template <typename T>
+void resample_bilinear(const T* src, int src_width, int src_height, int channels, T* dst, int width,
+                       int height) {
+  const std::vector<Tap> xs = bilinear_taps(src_width, width);
+  const std::vector<Tap> ys = bilinear_taps(src_height, height);
+  const int c = channels;
   for (int y = 0; y < height; ++y) {
     const Tap& ty = ys[static_cast<size_t>(y)];
-    const uint8_t* r0 = &src.pixels[static_cast<size_t>(ty.i0) * src.width * c];
-    const uint8_t* r1 = &src.pixels[static_cast<size_t>(ty.i1) * src.width * c];
-    uint8_t* out = &dst.pixels[static_cast<size_t>(y) * width * c];
+    const T* r0 = &src[static_cast<size_t>(ty.i0) * src_width * c];
+    const T* r1 = &src[static_cast<size_t>(ty.i1) * src_width * c];
+    T* out = &dst[static_cast<size_t>(y) * width * c];
     for (int x = 0; x < width; ++x) {
       const Tap& tx = xs[static_cast<size_t>(x)];
       for (int k = 0; k < c; ++k) {
-        const float top = r0[tx.i0 * c + k] + tx.w1 * (r0[tx.i1 * c + k] - r0[tx.i0 * c + k]);
-        const float bottom = r1[tx.i0 * c + k] + tx.w1 * (r1[tx.i1 * c + k] - r1[tx.i0 * c + k]);
+        const float a = r0[tx.i0 * c + k], b = r0[tx.i1 * c + k];
+        const float d = r1[tx.i0 * c + k], e = r1[tx.i1 * c + k];
+        const float top = a + tx.w1 * (b - a);
+        const float bottom = d + tx.w1 * (e - d);
         const float v = top + ty.w1 * (bottom - top);
-        out[x * c + k] = static_cast<uint8_t>(std::clamp(std::lround(v), 0L, 255L));
+        if constexpr (std::is_same_v<T, uint8_t>)
+          out[x * c + k] = static_cast<uint8_t>(std::clamp(std::lround(v), 0L, 255L));
+        else
+          out[x * c + k] = v;
       }
     }
   }
+}
+
+}  // namespace
+
+Image resize_bilinear(const Image& src, int width, int height) {
+  check_resize(src, width, height);
+  Image dst{width, height, src.channels,
+            std::vector<uint8_t>(static_cast<size_t>(width) * height * src.channels)};
+  resample_bilinear(src.pixels.data(), src.width, src.height, src.channels, dst.pixels.data(),
+                    width, height);
+  return dst;
+}
+
+std::vector<float> resize_bilinear(const std::vector<float>& map, int src_width, int src_height,
+                                   int width, int height) {
+  DP_CHECK(
+      src_width > 0 && src_height > 0 && map.size() == static_cast<size_t>(src_width) * src_height,
+      "resize: malformed source map ", src_width, "x", src_height);
+  DP_CHECK(width > 0 && height > 0 && width <= kMaxImageSide && height <= kMaxImageSide,
+           "resize: bad target size ", width, "x", height);
+  std::vector<float> dst(static_cast<size_t>(width) * height);
+  resample_bilinear(map.data(), src_width, src_height, 1, dst.data(), width, height);
   return dst;
 }
 

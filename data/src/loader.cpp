@@ -571,6 +571,9 @@ int Loader::width() const {
 float Loader::pos_weight() const {
   return impl_->dataset.pos_weight();
 }
+const PixelScale& Loader::scale() const {
+  return impl_->dataset.scale();
+}
 const std::array<float, 3>& Loader::mean() const {
   return impl_->mean;
 }

@@ -27,7 +27,7 @@ namespace {
 constexpr int kChannels = 3;
 constexpr size_t kMaxListed = 5;     // offenders named in an error message
 constexpr int kMaxRank = 8;          // of a dataset, for chunk queries
-constexpr int64_t kPrepVersion = 2;  // 2: per-sample source and origin; tiles, padding
+constexpr int64_t kPrepVersion = 3;  // 2: per-sample source and origin; tiles, padding; 3: scale
 // Bad input files listed by a failed build, one a line.
 constexpr size_t kMaxProblemsListed = 20;
 // Split streams: positives (masks with a crack pixel) and negatives are shuffled separately.
@@ -281,9 +281,8 @@ class Builder {
         first = &p;
         first_w = width;
         first_h = height;
-      } else if (good && !resizing() && !tiling() && !padding() &&
-                 (width != first_w || height != first_h)) {
-        if (!sizes_differ) {
+      } else if (good && (width != first_w || height != first_h)) {
+        if (!sizes_differ && !resizing() && !tiling() && !padding()) {
           problems_.push_back(str_cat("images differ in size: '", first->image, "' is ", first_w,
                                       "x", first_h, " but '", p.image, "' is ", width, "x", height,
                                       " (WxH); all images must share one size, or give --tile HxW "
@@ -318,6 +317,11 @@ class Builder {
                      : padding() ? opt_.pad_height
                                  : first_h;
     report_.resized = resizing();
+    // Resized from photographs of one size: one scale for all of them.
+    report_.scale = !resizing()    ? PixelScale{}
+                    : sizes_differ ? kUnknownScale
+                                   : PixelScale{double(opt_.resize_height) / first_h,
+                                                double(opt_.resize_width) / first_w};
     report_.padded = padding();
     report_.tiled = tiling();
     report_.sources = static_cast<int64_t>(readable.size());
@@ -490,6 +494,7 @@ class Builder {
     }
     writer.set_attr("mask_threshold", static_cast<int64_t>(opt_.mask_threshold));
     writer.set_attr("resized", static_cast<int64_t>(resizing()));
+    if (report_.scale.known()) writer.set_scale(report_.scale);
     if (padding()) {
       writer.set_attr("pad_height", static_cast<int64_t>(opt_.pad_height));
       writer.set_attr("pad_width", static_cast<int64_t>(opt_.pad_width));

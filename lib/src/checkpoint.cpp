@@ -2,6 +2,7 @@
 #include "dp/checkpoint.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <limits>
@@ -82,6 +83,8 @@ void write_meta(h5::Location& root, const CheckpointMeta& m) {
   root.set_attr("deconv", m.deconv);
   root.set_attr("height", m.height);
   root.set_attr("width", m.width);
+  root.set_attr("scale_y", m.scale_y);
+  root.set_attr("scale_x", m.scale_x);
   root.set_attr("world_size", m.world_size);
   root.set_attr("global_batch", m.global_batch);
   root.set_attr("seed", m.seed);
@@ -124,6 +127,14 @@ CheckpointMeta read_meta(const h5::Location& root) {
   DP_CHECK(m.height >= 0 && m.height <= kMaxImageSide && m.width >= 0 && m.width <= kMaxImageSide,
            "checkpoint '", root.name(), "': image size ", m.height, "x", m.width,
            " out of range [0, ", kMaxImageSide, "]");
+  if (root.has_attr("scale_y") && root.has_attr("scale_x")) {
+    m.scale_y = root.attr_double("scale_y");
+    m.scale_x = root.attr_double("scale_x");
+    DP_CHECK(
+        std::isfinite(m.scale_y) && std::isfinite(m.scale_x) && m.scale_y >= 0 && m.scale_x >= 0,
+        "checkpoint '", root.name(), "': scale ", m.scale_y, "x", m.scale_x,
+        " is not a non-negative number");
+  }
   m.world_size = root.attr_int("world_size");
   m.global_batch = root.attr_int("global_batch");
   m.seed = root.attr_int("seed");

@@ -39,6 +39,8 @@ CheckpointMeta sample_meta() {
   m.model = "unet16";
   m.width_divisor = 8;
   m.height = m.width = 64;
+  m.scale_y = 0.5;
+  m.scale_x = 0.470588;
   m.world_size = 2;
   m.global_batch = 8;
   m.seed = 42;
@@ -71,6 +73,8 @@ TEST(Checkpoint, RoundTripIsExact) {
   EXPECT_EQ(m.step, e.step);
   EXPECT_EQ(m.model, e.model);
   EXPECT_EQ(m.width_divisor, e.width_divisor);
+  EXPECT_EQ(m.scale_y, e.scale_y);
+  EXPECT_EQ(m.scale_x, e.scale_x);
   EXPECT_EQ(m.best_epoch, e.best_epoch);
   EXPECT_DOUBLE_EQ(m.best_valid_loss, e.best_valid_loss);
   EXPECT_EQ(m.options, e.options);

@@ -750,6 +750,114 @@ TEST_F(Predict, ImagesOfAnySizeAndFormatGiveMasksOfTheirSize) {
   EXPECT_TRUE(std::filesystem::exists(dir_->file("out2/masks/deep.png")));
 }
 
+// --scale: an image predicted at half scale is its half-size copy (resized as dpprep --resize
+// resizes) predicted as it is, the probabilities brought back to the image's size (bilinear);
+// --scale auto takes the training scale the checkpoint records; --masks scores at the images'
+// own size.
+TEST_F(Predict, ScaleResizesAsTrainingDidAndScoresAtTheImagesSize) {
+  constexpr int kW = 160, kH = 96;
+  const std::string in = dir_->file("scale_in"), half_in = dir_->file("scale_half"),
+                    truth = dir_->file("scale_truth");
+  for (const std::string& d : {in, half_in, truth}) std::filesystem::create_directories(d);
+  data::SynthOptions so;
+  so.width = kW;
+  so.height = kH;
+  data::Image photo{kW, kH, 3, std::vector<uint8_t>(kW * kH * 3)};
+  std::vector<uint8_t> truth_mask(kW * kH);
+  data::render_synthetic(so, 5, photo.pixels.data(), truth_mask.data());
+  data::write_png(in + "/photo.png", photo.pixels.data(), kW, kH, 3);
+  const data::Image half = data::resize_bilinear(photo, kW / 2, kH / 2);
+  data::write_png(half_in + "/photo.png", half.pixels.data(), kW / 2, kH / 2, 3);
+  std::vector<uint8_t> truth_png(truth_mask);
+  for (uint8_t& v : truth_png) v = v != 0 ? 255 : 0;
+  data::write_png(truth + "/photo.png", truth_png.data(), kW, kH, 1);
+  // The fixture's training set was not resized: its checkpoint records scale 1.
+  const CheckpointMeta meta = read_checkpoint_meta(checkpoint_);
+  EXPECT_EQ(meta.scale_y, 1.0);
+  EXPECT_EQ(meta.scale_x, 1.0);
+
+  const std::string common = " -q --save-prob --prob-format png8 --threshold 0.5 --min-crack-px 1 ";
+  const std::string out_a = dir_->file("scale_a"), out_b = dir_->file("scale_b");
+  const auto a = test::run_command(
+      dppredict(1, "-o " + out_a + common + "--scale 0.5 --masks " + truth + " " + in));
+  ASSERT_EQ(a.status, 0) << a.output;
+  EXPECT_NE(a.output.find("scale 0.5x0.5 (images resized by it, masks back; --scale)"),
+            std::string::npos)
+      << a.output;
+  const auto b = test::run_command(dppredict(1, "-o " + out_b + common + "--scale 1 " + half_in));
+  ASSERT_EQ(b.status, 0) << b.output;
+  EXPECT_NE(b.output.find("scale 1x1 (images as they are; --scale)"), std::string::npos)
+      << b.output;
+  const data::Image prob_a = data::read_image(out_a + "/prob/photo.png", data::PixelFormat::kGray);
+  const data::Image prob_b = data::read_image(out_b + "/prob/photo.png", data::PixelFormat::kGray);
+  ASSERT_EQ(prob_a.width, kW);
+  ASSERT_EQ(prob_a.height, kH);
+  std::vector<float> half_prob(prob_b.pixels.begin(), prob_b.pixels.end());
+  const std::vector<float> back = data::resize_bilinear(half_prob, kW / 2, kH / 2, kW, kH);
+  int differing = 0;
+  for (size_t i = 0; i < back.size(); ++i) {
+    // Each side rounded to 8 bits once: at most one level apart.
+    ASSERT_LE(std::abs(float(prob_a.pixels[i]) - back[i]), 1.0f) << i;
+    differing += prob_a.pixels[i] != prob_a.pixels[0];
+  }
+  EXPECT_GT(differing, 0);  // a map of the image, not a constant
+
+  // The scores are of the written mask against the true one, at 160x96.
+  const data::Image mask = data::read_image(out_a + "/masks/photo.png", data::PixelFormat::kGray);
+  int64_t tp = 0, fp = 0, fn = 0;
+  for (size_t i = 0; i < truth_mask.size(); ++i) {
+    const bool p = mask.pixels[i] != 0, g = truth_mask[i] != 0;
+    tp += p && g, fp += p && !g, fn += !p && g;
+  }
+  EXPECT_NE(a.output.find("metrics on " + truth + " (1 images, " + std::to_string(kW * kH) +
+                          " pixels, threshold 0.5)"),
+            std::string::npos)
+      << a.output;
+  EXPECT_NEAR(printed(a.output, "iou"), double(tp) / double(std::max<int64_t>(1, tp + fp + fn)),
+              kIouTol)
+      << a.output;
+
+  // A checkpoint whose training set was resized to half: --scale auto resizes by it, from images
+  // and relative to a dataset's own scale (the fixture's, 1).
+  const std::string halved = dir_->file("halved.h5");
+  std::filesystem::copy_file(checkpoint_, halved,
+                             std::filesystem::copy_options::overwrite_existing);
+  const hid_t file = H5Fopen(halved.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  for (const char* name : {"scale_y", "scale_x"}) {
+    const hid_t attr = H5Aopen(file, name, H5P_DEFAULT);
+    ASSERT_GE(attr, 0) << name;
+    const double value = 0.5;
+    EXPECT_GE(H5Awrite(attr, H5T_NATIVE_DOUBLE, &value), 0);
+    H5Aclose(attr);
+  }
+  H5Fclose(file);
+  const std::string out_c = dir_->file("scale_c");
+  const auto c =
+      test::run_command(mpi(1, DP_DPPREDICT, "-c " + halved + " -o " + out_c + common + in));
+  ASSERT_EQ(c.status, 0) << c.output;
+  EXPECT_NE(c.output.find("scale 0.5x0.5 (images resized by it, masks back; --scale auto"),
+            std::string::npos)
+      << c.output;
+  const data::Image prob_c = data::read_image(out_c + "/prob/photo.png", data::PixelFormat::kGray);
+  EXPECT_EQ(prob_c.pixels, prob_a.pixels);
+  const auto d = test::run_command(mpi(1, DP_DPPREDICT, "-c " + halved + " -q --dataset " + data_));
+  ASSERT_EQ(d.status, 0) << d.output;
+  EXPECT_NE(d.output.find("scale 0.5x0.5 (images resized by it, masks back; --scale auto: the "
+                          "checkpoint's training scale over the dataset's)"),
+            std::string::npos)
+      << d.output;
+
+  // An image without a mask in --masks: one error line before anything runs.
+  const std::string empty = dir_->file("scale_no_masks");
+  std::filesystem::create_directories(empty);
+  const auto e = test::run_command(
+      dppredict(1, "-o " + dir_->file("scale_e") + " --masks " + empty + " " + in));
+  EXPECT_NE(e.status, 0) << e.output;
+  EXPECT_EQ(count(e.output, "error:"), 1) << e.output;
+  EXPECT_NE(e.output.find("has no mask for '" + in + "/photo.png'"), std::string::npos) << e.output;
+}
+
 // --device cuda where no GPU can run (a build without CUDA, or no GPU visible): one usage error
 // line naming the option (and, with CUDA built in, the runtime's reason), from every rank count.
 // Started without a launcher, dppredict does not start MPI (a fifth of a one-photograph

@@ -463,6 +463,31 @@ TEST(Build, SizesMustAgreeUnlessResized) {
   big_mask = data::resize_nearest(big_mask, 48, 32);
   for (uint8_t& v : big_mask.pixels) v = v > 127 ? 1 : 0;
   EXPECT_EQ(mask, big_mask.pixels);
+  // Photographs of two sizes have no one scale: none recorded.
+  EXPECT_FALSE(r.scale.known());
+  EXPECT_FALSE(d.scale().known());
+}
+
+// The samples' pixels per photograph pixel, recorded for dptrain's checkpoints and dppredict: the
+// resize's where the photographs share a size, 1 where they are kept as they are.
+TEST(Build, RecordsTheScaleOfItsSamples) {
+  test::TempDir dir;
+  test::PairFolderOptions o;
+  o.count = 3;
+  o.width = 96;
+  o.height = 80;
+  test::write_pairs(dir.path(), o);
+  BuildOptions b = build_options(dir);
+  b.val_fraction = 0;
+  const data::BuildReport kept = data::build_dataset(b);
+  EXPECT_EQ(kept.scale, (data::PixelScale{1, 1}));
+  EXPECT_EQ(data::Dataset(b.out, "train").scale(), (data::PixelScale{1, 1}));
+  b.resize_width = 48;
+  b.resize_height = 60;
+  b.out = dir.file("resized.h5");
+  const data::BuildReport resized = data::build_dataset(b);
+  EXPECT_EQ(resized.scale, (data::PixelScale{0.75, 0.5}));
+  EXPECT_EQ(data::Dataset(b.out, "train").scale(), (data::PixelScale{0.75, 0.5}));
 }
 
 TEST(Build, EmptySplitsAndEmptyFoldersAreErrors) {

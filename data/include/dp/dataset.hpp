@@ -23,13 +23,26 @@ struct SampleSource {
   int y = 0, x = 0;
 };
 
+// Pixels of a dataset's samples per pixel of its source photographs, along y and x: what dpprep
+// build --resize did to them (1 and 1 for photographs kept at their size, cut into tiles or
+// padded). Unknown (0) where a file was resized without recording it (dpprep before version 3) or
+// from photographs of several sizes. dptrain copies it into its checkpoints; dppredict resizes
+// photographs by it.
+struct PixelScale {
+  double y = 1, x = 1;
+  bool known() const { return y > 0 && x > 0; }
+  bool operator==(const PixelScale&) const = default;
+};
+inline constexpr PixelScale kUnknownScale{0, 0};
+
 // Per-channel (R, G, B) statistics of the training images, in units of pixel / 255.
 using ChannelStats = std::array<float, 3>;
 
 // One split ("train" or "val") of a dataset v1 file:
 //   /<split>/images uint8 [N,H,W,3], /<split>/masks uint8 [N,H,W] with values {0,1}, N >= 1;
 //   root attributes format = "dp-crack-v1", pos_weight (float); optional mean and std (3 floats
-//   each, the training images' per-channel statistics).
+//   each, the training images' per-channel statistics); optional scale_y and scale_x (floats,
+//   PixelScale).
 // Optional per split (dpprep writes them; readers of older files find none): /<split>/source,
 //   variable-length UTF-8 strings [N] (the source file name of each sample), and
 //   /<split>/origin int32 [N,2] (y, x of the sample's top-left pixel in that source).
@@ -53,6 +66,7 @@ class Dataset {
   bool has_stats() const { return has_stats_; }  // the file has mean and std attributes
   const ChannelStats& mean() const { return mean_; }
   const ChannelStats& std() const { return std_; }
+  const PixelScale& scale() const { return scale_; }
   const std::string& path() const { return path_; }
   const std::string& split() const { return split_; }
   // Reads sample `index` (reads only that sample's chunk): image H*W*3, mask H*W (0/1).
@@ -69,6 +83,7 @@ class Dataset {
   float pos_weight_ = 1.0f;
   bool has_stats_ = false;
   ChannelStats mean_{}, std_{};
+  PixelScale scale_;
   std::unique_ptr<h5::File> file_;
   std::unique_ptr<h5::Dataset> images_, masks_;
 };
@@ -91,6 +106,7 @@ class DatasetWriter {
   void set_attr(const std::string& name, const std::string& value);
   void set_attr(const std::string& name, int64_t value);
   void set_attr(const std::string& name, double value);
+  void set_scale(const PixelScale& scale);  // scale_y and scale_x
   // Computes pos_weight from the written train masks (background / crack pixels) and the train
   // images' per-channel mean and std, writes the attributes, flushes, closes, fsyncs and renames
   // into place.

@@ -68,5 +68,9 @@ std::vector<uint8_t> encode_tiff_float(const float* values, int width, int heigh
 // destination pixel's centre) for masks, so a mask keeps exactly its original values.
 Image resize_bilinear(const Image& src, int width, int height);
 Image resize_nearest(const Image& src, int width, int height);
+// A one-channel float map (src_width x src_height, row-major), bilinear as above: e.g. a
+// probability map brought back to its photograph's size.
+std::vector<float> resize_bilinear(const std::vector<float>& map, int src_width, int src_height,
+                                   int width, int height);
 
 }  // namespace dp::data

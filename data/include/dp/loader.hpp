@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "dp/dataset.hpp"
+
 namespace dp::data {
 
 // One batch in the layout the model consumes: NHWC float32.
@@ -91,6 +93,7 @@ class Loader {
   int height() const;  // of the batches: the crop's, or the stored images'
   int width() const;
   float pos_weight() const;
+  const PixelScale& scale() const;           // the dataset's (Dataset::scale)
   const std::array<float, 3>& mean() const;  // the normalisation in use
   const std::array<float, 3>& std() const;
   int64_t cached_samples() const;  // samples held in memory (0 without cache)

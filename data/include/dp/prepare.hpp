@@ -8,6 +8,8 @@
 #include <utility>
 #include <vector>
 
+#include "dp/dataset.hpp"
+
 namespace dp::data {
 
 struct BuildOptions {
@@ -45,6 +47,7 @@ struct BuildReport {
   int64_t ignored_files = 0;  // files in the folders without an image extension
   int height = 0, width = 0;
   bool resized = false, padded = false, tiled = false;
+  PixelScale scale;           // of the samples; unknown when photographs of several sizes resized
   int64_t sources = 0;        // image/mask pairs read
   int64_t tiles_dropped = 0;  // tiles below min_crack_fraction not kept
   double pos_weight = 1.0;

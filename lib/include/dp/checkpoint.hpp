@@ -23,6 +23,10 @@ struct CheckpointMeta {
   int64_t width_divisor = 1;
   int64_t deconv = 0;  // decoder with transposed convolutions
   int64_t height = 0, width = 0;
+  // The training set's pixels per pixel of its source photographs, along y and x (its dpprep
+  // build --resize; data::PixelScale); 0: not known (a dataset that did not record it, or a file
+  // written before it was recorded).
+  double scale_y = 0, scale_x = 0;
   int64_t world_size = 1;
   int64_t global_batch = 0;
   int64_t seed = 0;
