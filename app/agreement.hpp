@@ -11,7 +11,7 @@
 #include "dp/comm.hpp"
 #include "dp/error.hpp"
 #include "exit_codes.hpp"
-#include "train/options.hpp"  // UsageError
+#include "exit_codes.hpp"  // UsageError
 
 namespace dp::app {
 

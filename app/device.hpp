@@ -13,6 +13,7 @@
 #include "dp/loader.hpp"
 #include "dp/log.hpp"
 #include "dp/params.hpp"
+#include "exit_codes.hpp"  // UsageError
 
 namespace dp::app {
 
@@ -123,5 +124,11 @@ class Device {
   struct Cuda;
   std::unique_ptr<Cuda> cuda_;
 };
+
+// --cpu-conv's value (auto, direct, shape, winograd, blocked, gemm or gemm-winograd) as a
+// CpuConvAlgo; UsageError for anything else.
+CpuConvAlgo parse_cpu_conv(const std::string& value);
+// --precision fp32|bf16 (dptrain, dppredict); anything else is a UsageError.
+Precision parse_precision(const std::string& value);
 
 }  // namespace dp::app

@@ -22,7 +22,7 @@
 #include "dp/fs.hpp"
 #include "dp/model.hpp"
 #include "export/onnx.pb.h"
-#include "predict/normalization.hpp"
+#include "normalization.hpp"
 #include "predict/run.hpp"
 
 namespace dp::app {

@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <iostream>
 
+#include "device.hpp"
 #include "placeholders.hpp"
 #include "predict/tiling.hpp"
-#include "train/options.hpp"
 
 namespace dp::app {
 namespace po = boost::program_options;

@@ -21,7 +21,7 @@ struct PredictOptions {
   enum class ThresholdRule { kAuto, kOds, kValue };
   ThresholdRule threshold_rule = ThresholdRule::kAuto;
   double threshold = 0.5;  // kValue: probability above which a pixel is a crack
-  int tolerance = 0;       // --dataset: pixels of tolerance of ODS/OIS/AP (train/sweep_metrics.hpp)
+  int tolerance = 0;       // --dataset: pixels of tolerance of ODS/OIS/AP (eval/sweep_metrics.hpp)
   bool save_prob = false;  // also write the probability map (prob/)
   std::string prob_format = "png16";    // png16 (p x 65535) | png8 (p x 255)
   bool save_uncertainty = false;        // with --tta: the variants' deviation (uncertainty/)

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "train/options.hpp"
+#include "device.hpp"
 
 namespace dp::app {
 namespace {

@@ -22,14 +22,11 @@
 #include "dp/dataset.hpp"
 #include "dp/fs.hpp"
 #include "dp/image_io.hpp"
+#include "eval/evaluation.hpp"
 #include "exit_codes.hpp"
 #include "predict/measurements.hpp"
 #include "predict/predictor.hpp"
 #include "progress.hpp"
-#include "train/centerline_dice.hpp"
-#include "train/options.hpp"
-#include "train/sweep_metrics.hpp"
-#include "train/trainer.hpp"
 
 namespace dp::app {
 namespace {
@@ -231,19 +228,6 @@ std::string padded(int64_t v, int64_t largest) {
 
 }  // namespace
 
-double SegmentationMetrics::iou() const {
-  return double(tp) / std::max<double>(1.0, double(tp + fp + fn));
-}
-double SegmentationMetrics::dice() const {
-  return 2.0 * double(tp) / std::max<double>(1.0, double(2 * tp + fp + fn));
-}
-double SegmentationMetrics::precision() const {
-  return double(tp) / std::max<double>(1.0, double(tp + fp));
-}
-double SegmentationMetrics::recall() const {
-  return double(tp) / std::max<double>(1.0, double(tp + fn));
-}
-
 std::vector<std::string> list_inputs(const PredictOptions& options) {
   std::vector<std::string> files;
   for (const std::string& p : options.inputs) {
@@ -314,21 +298,13 @@ std::string score(double v) {
 std::string sample_row(int64_t index, const std::string& source, const float* prob,
                        const uint8_t* mask, const uint8_t* truth, int height, int width,
                        int tolerance) {
-  SegmentationMetrics m;
-  const size_t pixels = size_t(height) * size_t(width);
-  for (size_t i = 0; i < pixels; ++i) {
-    const bool p = mask[i] != 0, g = truth[i] != 0;
-    m.tp += p && g, m.fp += p && !g, m.fn += !p && g;
-  }
-  CenterlineDice centerline;
-  centerline.add_masks(mask, truth, height, width);
-  ThresholdSweep sweep(tolerance);
-  sweep.add_probabilities(prob, truth, height, width);
-  const SweepResult best = sweep.result();
+  MaskEvaluation evaluation(tolerance);
+  evaluation.add(prob, mask, truth, height, width);
+  const SegmentationMetrics m = evaluation.result();
   return str_cat(index, ",", source, ",", m.tp + m.fn, ",", m.tp + m.fp, ",", m.tp, ",", m.fp, ",",
                  m.fn, ",", score(m.iou()), ",", score(m.dice()), ",", score(m.precision()), ",",
-                 score(m.recall()), ",", score(centerline.value()), ",", score(best.ois), ",",
-                 fixed(best.ods_threshold, 2), "\n");
+                 score(m.recall()), ",", score(m.cldice), ",", score(m.sweep.ois), ",",
+                 fixed(m.sweep.ods_threshold, 2), "\n");
 }
 
 // dppredict --measure-only: the masks named by the options measured, no network.
@@ -510,10 +486,9 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   std::vector<size_t> mine;
   for (size_t i = size_t(rank); i < inputs.size(); i += size_t(world)) mine.push_back(i);
   Progress progress(rank == 0 && !o.quiet, int64_t(mine.size()), rank, world);
-  SegmentationMetrics m;
-  ThresholdSweep sweep(o.tolerance);                       // ODS/OIS/AP of --dataset
-  CenterlineDice centerline;                               // clDice of --dataset
-  std::unordered_map<size_t, std::vector<uint8_t>> truth;  // dataset masks of images in flight
+  int64_t finished = 0;                                    // images finished on this rank
+  MaskEvaluation evaluation(o.tolerance);                  // --dataset, --masks
+  std::unordered_map<size_t, std::vector<uint8_t>> truth;  // true masks of images in flight
   const auto mask_threshold = float(threshold);
   const fs::path out(o.out);
   const MeasureSettings measure_settings{o.pixel_size_mm, o.min_crack_px};
@@ -594,15 +569,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
       }
     }
     if (const auto t = truth.find(id); t != truth.end()) {
-      sweep.add_probabilities(prob.data(), t->second.data(), h, w);
-      centerline.add_masks(mask.data(), t->second.data(), h, w);
-      for (size_t i = 0; i < pixels; ++i) {
-        const bool p = mask[i] != 0, g = t->second[i] != 0;
-        m.tp += p && g;
-        m.fp += p && !g;
-        m.fn += !p && g;
-      }
-      m.pixels += int64_t(pixels);
+      evaluation.add(prob.data(), mask.data(), t->second.data(), h, w);
       if (!sample_rows.empty()) {
         const Input& in = inputs[id];
         std::string source = ",,";
@@ -617,7 +584,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
       truth.erase(t);
     }
     if (native != natives.end()) natives.erase(native);
-    ++m.images;
+    ++finished;
     progress.advance();
   };
 
@@ -632,7 +599,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   };
 
   // The loop has no collectives: a rank that fails stops and reports at the agreement below.
-  std::vector<int64_t> sums(6, 0);
+  std::vector<int64_t> sums(2, 0);  // finished, failed
   collectively(
       comm,
       [&] {
@@ -676,18 +643,16 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
           runner.submit(id, std::move(image), finish);
         }
         runner.flush();
-        sums = {m.tp, m.fp, m.fn, m.pixels, m.images, failed};
+        sums = {finished, failed};
       },
       &sums);
   progress.end_line();
-  SegmentationMetrics total{sums[0], sums[1], sums[2], sums[3], sums[4], {}};
-  if (o.scored()) {  // every rank finished: the sweep's counts sum over ranks
-    comm.allreduce_sum(sweep.counts().data(), sweep.counts().size());
-    comm.allreduce_sum(sweep.sums().data(), sweep.sums().size());
-    comm.allreduce_sum(centerline.counts().data(), centerline.counts().size());
-    total.sweep = sweep.result();
-    total.cldice = centerline.value();
+  SegmentationMetrics total;
+  if (o.scored()) {  // every rank finished: the counts sum over ranks
+    evaluation.reduce(comm);
+    total = evaluation.result();
   }
+  total.images = sums[0];
   if (o.measure) {
     write_rows_in_input_order(comm, (out / kMeasurementsFile).string(),
                               measurements_header(measure_settings), crack_rows);
@@ -700,7 +665,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   log.info("dppredict: ", total.images, " image(s) in ", fixed(seconds, 1), " s (",
            fixed(double(total.images) / std::max(seconds, 1e-9), 1), " img/s)",
            o.out.empty() ? std::string() : str_cat("; masks in ", (out / kMaskDir).string()));
-  const int64_t failures = sums[5];
+  const int64_t failures = sums[1];
   if (failures > 0 && rank == 0) {
     std::fprintf(stderr,
                  "dppredict: %lld image(s) predicted, %lld failed (could not be read; one error "

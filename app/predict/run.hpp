@@ -8,22 +8,10 @@
 #include "dp/checkpoint.hpp"
 #include "dp/comm.hpp"
 #include "dp/log.hpp"
+#include "eval/evaluation.hpp"
 #include "predict/options.hpp"
-#include "train/sweep_metrics.hpp"
 
 namespace dp::app {
-
-// Pixel counts over every image (summed over ranks) and the scores derived from them, each
-// x / max(1, denominator) as in dptrain's validation.
-struct SegmentationMetrics {
-  int64_t tp = 0, fp = 0, fn = 0, pixels = 0, images = 0;
-  SweepResult sweep;         // ODS, OIS, AP over the thresholds (--dataset)
-  double cldice = 0;         // centreline Dice of the masks (train/centerline_dice.hpp)
-  double iou() const;        // TP / (TP + FP + FN)
-  double dice() const;       // 2 TP / (2 TP + FP + FN)
-  double precision() const;  // TP / (TP + FP)
-  double recall() const;     // TP / (TP + FN)
-};
 
 // The threshold of the validation's ODS F-measure that dptrain recorded for the checkpoint's last
 // epoch (dppredict --threshold ods, dpexport's metadata); NaN if there is none.

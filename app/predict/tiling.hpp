@@ -10,7 +10,7 @@
 
 #include "dp/buffer.hpp"
 #include "dp/image_io.hpp"
-#include "predict/normalization.hpp"
+#include "normalization.hpp"
 
 namespace dp::app {
 

@@ -12,7 +12,7 @@
 #include "agreement.hpp"
 #include "dp/weights.hpp"
 #include "exit_codes.hpp"
-#include "predict/normalization.hpp"
+#include "normalization.hpp"
 #include "train/metrics.hpp"
 #include "train/retention.hpp"
 #include "train/run_state.hpp"

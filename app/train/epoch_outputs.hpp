@@ -9,7 +9,7 @@
 #include "dp/comm.hpp"
 #include "dp/log.hpp"
 #include "dp/model.hpp"
-#include "predict/normalization.hpp"
+#include "normalization.hpp"
 #include "train/epoch_metrics.hpp"
 #include "train/options.hpp"
 

@@ -1,4 +1,4 @@
-// Metrics from confusion counts; metrics.csv kept in step with the checkpoints.
+// The best-epoch metric names; metrics.csv kept in step with the checkpoints.
 #include "train/metrics.hpp"
 
 #include <algorithm>
@@ -14,10 +14,6 @@
 namespace dp::app {
 namespace {
 
-double ratio(double num, double den) {
-  return den > 0 ? num / den : 0.0;
-}
-
 // 9 significant digits (the learning rate, a float, with 7); an epoch without validation writes
 // an empty field.
 std::string field(double v, int digits = 9) {
@@ -28,19 +24,6 @@ std::string field(double v, int digits = 9) {
 }
 
 }  // namespace
-
-double Confusion::iou() const {
-  return ratio(double(tp), double(tp + fp + fn));
-}
-double Confusion::dice() const {
-  return ratio(2.0 * double(tp), double(2 * tp + fp + fn));
-}
-double Confusion::precision() const {
-  return ratio(double(tp), double(tp + fp));
-}
-double Confusion::recall() const {
-  return ratio(double(tp), double(tp + fn));
-}
 
 bool valid_best_metric(const std::string& name) {
   return name == "valid_loss" || name == "iou" || name == "dice" || name == "ods";

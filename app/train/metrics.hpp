@@ -1,30 +1,13 @@
-// Segmentation metrics from reduced confusion counts, and metrics.csv (one row per epoch).
+// The choice of the best epoch and metrics.csv (one row per epoch).
 #pragma once
 
 #include <cstdint>
 #include <limits>
 #include <string>
 
+#include "eval/confusion.hpp"
+
 namespace dp::app {
-
-// Pixel counts at the threshold, summed over every rank (never averaged per rank). An empty
-// denominator gives 0.
-struct Confusion {
-  int64_t tp = 0, fp = 0, fn = 0;
-  double iou() const;        // TP / (TP + FP + FN)
-  double dice() const;       // 2TP / (2TP + FP + FN) = F1
-  double precision() const;  // TP / (TP + FP)
-  double recall() const;     // TP / (TP + FN)
-};
-
-// A mask's IoU, Dice, precision and recall at one threshold; NaN where not measured.
-struct MaskScores {
-  static constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-  double iou = kNaN, dice = kNaN, precision = kNaN, recall = kNaN;
-  static MaskScores of(const Confusion& c) {
-    return {c.iou(), c.dice(), c.precision(), c.recall()};
-  }
-};
 
 // --best-metric: valid_loss (lower is better), iou, dice or ods (higher is better).
 bool valid_best_metric(const std::string& name);
@@ -34,7 +17,7 @@ struct MetricsRow {
   int64_t epoch = 0;  // 1-based
   double lr = 0, train_loss = 0, valid_loss = 0, iou = 0, dice = 0, precision = 0, recall = 0;
   double images_per_s = 0, seconds = 0;
-  double ods = 0, ods_threshold = 0, ois = 0, ap = 0;  // train/sweep_metrics.hpp
+  double ods = 0, ods_threshold = 0, ois = 0, ap = 0;  // eval/sweep_metrics.hpp
   MaskScores at_ods{};                                 // the mask at the epoch's ODS threshold
   double cldice = MaskScores::kNaN;                    // centreline Dice at the threshold
 };

@@ -9,6 +9,7 @@
 #include <iostream>
 #include <sstream>
 
+#include "device.hpp"
 #include "dp/loader.hpp"
 #include "dp/model.hpp"
 #include "placeholders.hpp"
@@ -531,26 +532,6 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
 double default_adamw_lr(int divisor) {
   return TrainOptions::kAdamWLr * double(std::min(divisor, kTunedWidthDivisor)) /
          kTunedWidthDivisor;
-}
-
-CpuConvAlgo parse_cpu_conv(const std::string& value) {
-  if (value == "auto") return CpuConvAlgo::kAuto;
-  if (value == "direct") return CpuConvAlgo::kDirect;
-  if (value == "winograd") return CpuConvAlgo::kWinograd;
-  if (value == "blocked") return CpuConvAlgo::kBlocked;
-  if (value == "gemm") return CpuConvAlgo::kGemm;
-  if (value == "gemm-winograd") return CpuConvAlgo::kGemmWinograd;
-  if (value == "shape") return CpuConvAlgo::kShape;
-  throw UsageError(
-      str_cat("--cpu-conv must be auto, direct, shape, winograd, blocked, gemm or gemm-winograd, "
-              "got '",
-              value, "'"));
-}
-
-Precision parse_precision(const std::string& value) {
-  if (value == "fp32") return Precision::kFloat32;
-  if (value == "bf16") return Precision::kBFloat16;
-  throw UsageError(str_cat("--precision must be fp32 or bf16, got '", value, "'"));
 }
 
 }  // namespace dp::app

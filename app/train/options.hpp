@@ -124,10 +124,4 @@ inline constexpr int64_t kWideWarmupSteps = 20;
 // the divisor below (3.75e-4 at full width).
 double default_adamw_lr(int divisor);
 
-// --cpu-conv's value (auto, direct, shape, winograd, blocked, gemm or gemm-winograd) as a
-// CpuConvAlgo; UsageError for anything else.
-CpuConvAlgo parse_cpu_conv(const std::string& value);
-// --precision fp32|bf16 (dptrain, dppredict); anything else is a UsageError.
-Precision parse_precision(const std::string& value);
-
 }  // namespace dp::app

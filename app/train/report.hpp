@@ -13,7 +13,7 @@
 #include "dp/checkpoint.hpp"
 #include "dp/log.hpp"
 #include "dp/model.hpp"
-#include "predict/normalization.hpp"
+#include "normalization.hpp"
 #include "train/options.hpp"
 #include "train/validation_samples.hpp"
 

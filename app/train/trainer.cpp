@@ -19,7 +19,7 @@
 #include "dp/rng.hpp"
 #include "dp/sampler.hpp"
 #include "dp/synth.hpp"
-#include "train/centerline_dice.hpp"
+#include "eval/centerline_dice.hpp"
 #include "train/checkpoints.hpp"
 #include "train/epoch_outputs.hpp"
 #include "train/fault_injection.hpp"
@@ -28,7 +28,7 @@
 #include "train/optimization.hpp"
 #include "train/retention.hpp"
 #include "train/run_state.hpp"
-#include "train/sweep_metrics.hpp"
+#include "eval/sweep_metrics.hpp"
 
 namespace dp::app {
 namespace {

@@ -8,7 +8,7 @@
 
 #include "dp/image_io.hpp"
 #include "dp/model.hpp"
-#include "predict/normalization.hpp"
+#include "normalization.hpp"
 #include "train/metrics.hpp"
 
 namespace dp::app {

@@ -13,7 +13,7 @@
 #include "dp/model.hpp"
 #include "dp/weights.hpp"
 #include "fuzz_util.hpp"
-#include "predict/normalization.hpp"
+#include "normalization.hpp"
 
 namespace {
 

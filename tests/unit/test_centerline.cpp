@@ -13,7 +13,7 @@
 
 #include "dp/h5.hpp"
 #include "dp/skeleton.hpp"
-#include "train/centerline_dice.hpp"
+#include "eval/centerline_dice.hpp"
 
 namespace dp {
 namespace {

@@ -17,7 +17,7 @@
 #include "dp/comm.hpp"
 #include "dp/cpu/cpu_backend.hpp"
 #include "dp/model.hpp"
-#include "predict/normalization.hpp"
+#include "normalization.hpp"
 #include "predict/predictor.hpp"
 #include "predict/run.hpp"
 #include "test_util.hpp"

@@ -11,7 +11,7 @@
 #include "golden_util.hpp"
 #include "test_util.hpp"
 #include "train/metrics.hpp"
-#include "train/sweep_metrics.hpp"
+#include "eval/sweep_metrics.hpp"
 
 namespace dp {
 namespace {

@@ -20,7 +20,7 @@
 #include "dp/loader.hpp"
 #include "dp/synth.hpp"
 #include "exit_codes.hpp"
-#include "predict/normalization.hpp"
+#include "normalization.hpp"
 #include "predict/predictor.hpp"
 #include "predict/run.hpp"
 #include "predict/tiling.hpp"

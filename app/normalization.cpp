@@ -1,5 +1,5 @@
 // Input normalisation of a trained model: recorded in checkpoint options, recovered for inference.
-#include "predict/normalization.hpp"
+#include "normalization.hpp"
 
 #include <cstdio>
 #include <sstream>

@@ -1,5 +1,5 @@
 // ODS, OIS and AP: per-pixel probability bins, a disk tolerance, suffix sums over thresholds.
-#include "train/sweep_metrics.hpp"
+#include "eval/sweep_metrics.hpp"
 
 #include <algorithm>
 #include <array>

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "train/metrics.hpp"
+#include "eval/confusion.hpp"
 
 namespace dp::app {
 

@@ -1,5 +1,5 @@
 // clDice counts: thresholded masks, their skeletons, skeleton pixels inside the other mask.
-#include "train/centerline_dice.hpp"
+#include "eval/centerline_dice.hpp"
 
 #include <cstddef>
 
