@@ -9,6 +9,7 @@
 #include "dp/comm.hpp"
 #include "dp/log.hpp"
 #include "eval/evaluation.hpp"
+#include "predict/inputs.hpp"
 #include "predict/options.hpp"
 
 namespace dp::app {
@@ -16,13 +17,6 @@ namespace dp::app {
 // The threshold of the validation's ODS F-measure that dptrain recorded for the checkpoint's last
 // epoch (dppredict --threshold ods, dpexport's metadata); NaN if there is none.
 double recorded_ods_threshold(const CheckpointMeta& meta);
-
-// The images the options name, in order: each positional file; each positional folder's image
-// files (.jpg .jpeg .png in any case, hidden files skipped), sorted by name; then each line of
-// --list (blank lines and # comments skipped; relative paths from the current directory).
-// A missing path, a folder without images or two inputs with one file stem (they would write
-// the same mask) are dp::Errors naming them.
-std::vector<std::string> list_inputs(const PredictOptions& options);
 
 // Runs dppredict on this rank's share (inputs i with i % size == rank) and returns the exit code,
 // the same on every rank: 0, or kExitSomeInputsFailed (exit_codes.hpp) when any rank met input
