@@ -442,6 +442,12 @@ onnx::ModelProto model_proto(const std::string& checkpoint, const ExportOptions&
   add_metadata(mp, "width_divisor", std::to_string(meta.width_divisor));
   add_metadata(mp, "training_size", str_cat(meta.height, "x", meta.width));
   add_metadata(mp, "size_multiple", multiple);
+  // dppredict's --scale auto: resize a photograph by it before the network (x first; empty where
+  // the checkpoint records none).
+  add_metadata(mp, "training_scale",
+               meta.scale_y > 0 && meta.scale_x > 0
+                   ? str_cat(format_number(meta.scale_x), "x", format_number(meta.scale_y))
+                   : std::string());
   add_metadata(mp, "threshold", std::isnan(threshold) ? "" : format_number(threshold));
   add_metadata(mp, "epoch", std::to_string(meta.epoch));
   add_metadata(mp, "weights", lm.averaged ? "averaged" : "raw");

@@ -197,6 +197,7 @@ class Export : public ::testing::Test {
                                  " --meta training_size=" + std::to_string(kTrainSize) + "x" +
                                  std::to_string(kTrainSize) +
                                  " --meta deconv=" + (meta.deconv != 0 ? "1" : "0") +
+                                 " --meta training_scale=1x1" +  // the fixture's set: not resized
                                  " --meta threshold=" + format_number(threshold);
     r = test::run_command(std::string(DP_TEST_PYTHON) + " " + DP_CHECK_ONNX_EXPORT + " " + onnx +
                           cases + metadata + " --tolerance " + format_number(kTolerance) + " " +
