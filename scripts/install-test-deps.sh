@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the test suite reads dptrain's outputs with: a virtual environment in build/venv
-# with the tensorboard and Pillow packages from PyPI (test_tensorboard), and onnx and onnxruntime
-# (test_export: dpexport's models checked and run). Idempotent; root for apt.
+# with the tensorboard and Pillow packages from PyPI (e2e/tensorboard), and onnx and onnxruntime
+# (e2e/export_onnx: dpexport's models checked and run). Idempotent; root for apt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=${DP_TEST_VENV:-build/venv}

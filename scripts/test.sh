@@ -16,8 +16,8 @@ if [[ ${DP_MPICH:-1} != 0 && -z ${DP_PRESET:-} ]]; then
   ctest --preset mpich -j "$(nproc)" --timeout 600
 fi
 # The oneDNN 3 half (DP_ONEDNN3=0 skips it): the CPU backend built on oneDNN 3.2 (its 3.x API, and
-# the brgconv AVX2 kernels that 2.x lacks) in build/onednn3, and every unit test run on it.
+# the brgconv AVX2 kernels that 2.x lacks) in build/onednn3, and every unit and e2e test run on it.
 if [[ ${DP_ONEDNN3:-1} != 0 && -z ${DP_PRESET:-} ]]; then
   DP_PRESET=onednn3 bash scripts/build.sh
-  ctest --preset onednn3 -L unit -j "$(nproc)" --timeout 600
+  ctest --preset onednn3 -L '^(unit|e2e)$' -j "$(nproc)" --timeout 600
 fi

@@ -9,11 +9,11 @@ namespace dp::app {
 
 // Each variable is "RANK:STEP" (STEP >= 1: the optimiser step of the run); unset in normal runs.
 //   DP_TEST_FAIL_AT       that rank throws dp::Error, after its forward pass, while its peers wait
-//                         in the step's gradient all-reduce (tests/unit/test_failure.cpp);
+//                         in the step's gradient all-reduce (tests/e2e/rank_failure.cpp);
 //   DP_TEST_PREEMPT_AT    that rank raises SIGUSR1, so the job stops after the step
-//                         (tests/mpi/test_resume_mpi.cpp, tests/unit/test_preempt_cli.cpp);
+//                         (tests/mpi/test_resume_mpi.cpp, tests/e2e/preemption_cli.cpp);
 //   DP_TEST_NONFINITE_AT  that rank's loss becomes NaN, its gradients stay finite
-//                         (tests/unit/test_faults.cpp: the non-finite guard names that rank).
+//                         (tests/e2e/fault_guards.cpp: the non-finite guard names that rank).
 class FaultInjection {
  public:
   // Reads the variables on every rank; a malformed one is a UsageError on every rank.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks a dpexport model with the onnx package and ONNX Runtime against dppredict (test_export).
+"""Checks a dpexport model with the onnx package and ONNX Runtime against dppredict (e2e/export_onnx).
 
 Usage: check_onnx_export.py MODEL.onnx --case N:H:W:INPUT:LOGITS [--case ...] [--prob]
                                [--meta KEY=VALUE ...] [--tolerance 1e-4]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Compares dpexport's ONNX schema subset with the `onnx` package's own (test_export).
+"""Compares dpexport's ONNX schema subset with the `onnx` package's own (e2e/export_onnx).
 
 Usage: check_onnx_schema.py DESCRIPTOR_SET
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reads dptrain's TensorBoard events back with the `tensorboard` package (test_tensorboard).
+"""Reads dptrain's TensorBoard events back with the `tensorboard` package (e2e/tensorboard).
 
 Usage: check_tensorboard.py RUN_DIR REFERENCE_DIR --epochs E --steps-per-epoch N [--resumed-at S]
 

@@ -214,7 +214,7 @@ TEST(Hostile, ConfigWithABoostPlaceholderIsAnErrorNotAHang) {
   const char* argv[] = {"dptrain", "--epochs", "%value%"};
   EXPECT_TRUE(contains(error_of([&] { dp::app::parse_train_options(3, argv, false); }),
                        "argument '%value%': '%value%' is not allowed"));
-  // dppredict's options (dpprep's: test_data_cli).
+  // dppredict's options (dpprep's: e2e/data_cli).
   const char* predict_argv[] = {"dppredict", "--threshold", "x%value%"};
   EXPECT_TRUE(contains(error_of([&] { dp::app::parse_predict_options(3, predict_argv, false); }),
                        "argument 'x%value%': '%value%' is not allowed"));

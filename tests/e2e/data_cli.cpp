@@ -324,7 +324,7 @@ TEST_F(DataCli, TrainRejectsDatasetNormalisationWithoutStatistics) {
                {dir_.file("plain.h5"), "'mean' and 'std'"});
 }
 
-// Option values are checked by the parser every rank runs (exit 2, printed once: test_cli).
+// Option values are checked by the parser every rank runs (exit 2, printed once: e2e/train_cli).
 TEST(DataOptions, LoaderOptionsAreParsedAndChecked) {
   auto parse = [](std::vector<const char*> args) {
     args.insert(args.begin(), "dptrain");
