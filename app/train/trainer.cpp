@@ -20,6 +20,7 @@
 #include "dp/sampler.hpp"
 #include "dp/synth.hpp"
 #include "eval/centerline_dice.hpp"
+#include "eval/sweep_metrics.hpp"
 #include "train/checkpoints.hpp"
 #include "train/epoch_outputs.hpp"
 #include "train/fault_injection.hpp"
@@ -28,7 +29,6 @@
 #include "train/optimization.hpp"
 #include "train/retention.hpp"
 #include "train/run_state.hpp"
-#include "eval/sweep_metrics.hpp"
 
 namespace dp::app {
 namespace {

@@ -8,10 +8,10 @@
 
 #include "dp/checkpoint.hpp"
 #include "dp/model.hpp"
+#include "eval/sweep_metrics.hpp"
 #include "golden_util.hpp"
 #include "test_util.hpp"
 #include "train/metrics.hpp"
-#include "eval/sweep_metrics.hpp"
 
 namespace dp {
 namespace {
