@@ -259,6 +259,9 @@ int run_build(const std::vector<std::string>& args) {
       "explicit validation images (with --val-masks; replaces --val-fraction)")(
       "val-masks", po::value<std::string>(&opt.val_masks), "explicit validation masks")(
       "seed", po::value<std::string>(&seed)->default_value(seed), "seed of the train/val split")(
+      "group-by", po::value<std::string>(&opt.group_by),
+      "keep images whose stems share this regular expression's first match on one side of the "
+      "split, e.g. '^[^-]+' for crops PHOTO-1, PHOTO-2 of one photograph (default: none)")(
       "mask-threshold", po::value<int>(&opt.mask_threshold)->default_value(opt.mask_threshold),
       "a mask pixel > T is a crack")(
       "resize", po::value<std::string>(&resize),
@@ -295,6 +298,9 @@ int run_build(const std::vector<std::string>& args) {
   }
   if (vm.count("val-images") && !vm["val-fraction"].defaulted()) {
     throw UsageError("give either --val-fraction or --val-images/--val-masks, not both");
+  }
+  if (vm.count("val-images") && vm.count("group-by")) {
+    throw UsageError("--group-by groups a drawn split; --val-images gives the split itself");
   }
   if (opt.val_fraction < 0 || opt.val_fraction >= 1) {
     throw UsageError(dp::str_cat("--val-fraction must be in [0, 1), got ", opt.val_fraction));

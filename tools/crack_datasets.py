@@ -14,15 +14,18 @@ DeepCrack (Liu et al., Neurocomputing 2019; github.com/yhlleo/DeepCrack, dataset
 the unpacked folders are also in github.com/jklimack/CrackSegmentation under DeepCrack/;
 non-commercial research and education only, never commit its files): SRC/{train,test}_img/STEM.jpg
 with SRC/{train,test}_lab/STEM.png, 300 training and 237 test images of 544x384. Writes
-OUT/train/{images,masks} and OUT/val/{images,masks} from the 300 training images: the first N
-(default 60) of the sorted stems shuffled with random.Random(S) (default seed 1) validate, the
-rest train. OUT/test/{images,masks} holds the 237 test images, held out for the final figures.
+OUT/train/{images,masks} and OUT/val/{images,masks} from the 300 training images, split by
+photograph: STEM-1, STEM-2, ... are crops of photograph STEM and stay on one side, as in the
+dataset's own train/test split. Photographs drawn in the order random.Random(S) (default seed 1)
+shuffles their sorted names validate until they hold at least N images (default 60); the rest
+train. OUT/test/{images,masks} holds the 237 test images, held out for the final figures.
 Masks (some 1-bit PNGs) are rewritten as 8-bit PNG (0, 255), binarised at > 127; images are
 linked, not copied. Needs numpy and PIL (python3-pil).
 """
 import argparse
 import os
 import random
+import re
 import struct
 import sys
 import zlib
@@ -84,6 +87,11 @@ def deepcrack_pairs(src, part):
             for s in sorted(imgs)]
 
 
+def photograph(stem):
+    """The photograph a DeepCrack image was cut from: its stem without a trailing -N."""
+    return re.sub(r"-[0-9]+$", "", stem)
+
+
 def deepcrack(src, out, val, seed):
     from PIL import Image
 
@@ -92,9 +100,13 @@ def deepcrack(src, out, val, seed):
     if not 0 < val < len(train):
         sys.exit(f"crack_datasets: {src}: {len(train)} training images, "
                  f"--val must be 1-{len(train) - 1}")
-    order = [s for s, _, _ in train]
-    random.Random(seed).shuffle(order)
-    val_stems = set(order[:val])
+    photos = sorted({photograph(s) for s, _, _ in train})
+    random.Random(seed).shuffle(photos)
+    val_stems = set()
+    for photo in photos:
+        if len(val_stems) >= val:
+            break
+        val_stems |= {s for s, _, _ in train if photograph(s) == photo}
     splits = {"train": [p for p in train if p[0] not in val_stems],
               "val": [p for p in train if p[0] in val_stems], "test": test}
     sizes, crack, pixels, non_binary = {}, 0, 0, 0
@@ -126,7 +138,9 @@ def deepcrack(src, out, val, seed):
                 os.remove(link)
             os.symlink(os.path.abspath(img), link)
     size_text = ", ".join(f"{n} of {w}x{h}" for (w, h), n in sorted(sizes.items()))
-    print(f"deepcrack: {len(splits['train'])} train, {len(splits['val'])} val (seed {seed}), "
+    n_photos = len({photograph(s) for s in val_stems})
+    print(f"deepcrack: {len(splits['train'])} train, {len(splits['val'])} val "
+          f"({n_photos} photographs, seed {seed}), "
           f"{len(test)} test images ({size_text}); {100.0 * crack / pixels:.2f}% crack pixels in "
           f"train+val; {non_binary} masks not 0/255 (binarised at > 127) -> {out}")
 
@@ -137,7 +151,7 @@ def main():
     ap.add_argument("src")
     ap.add_argument("out")
     ap.add_argument("--train", type=int, default=72, help="crackforest: training images")
-    ap.add_argument("--val", type=int, default=60, help="deepcrack: validation images")
+    ap.add_argument("--val", type=int, default=60, help="deepcrack: validation images, at least (whole photographs)")
     ap.add_argument("--seed", type=int, default=1, help="deepcrack: seed of the validation draw")
     a = ap.parse_args()
     if a.dataset == "crackforest":

@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <regex>
 
 #include "dp/dataset.hpp"
 #include "dp/error.hpp"
@@ -217,6 +219,16 @@ class Builder {
     DP_CHECK(!opt_.images.empty() && !opt_.masks.empty(), "an image and a mask folder are needed");
     DP_CHECK(opt_.val_images.empty() == opt_.val_masks.empty(),
              "validation folders: give both the images and the masks, or neither");
+    DP_CHECK(opt_.group_by.empty() || !explicit_val(),
+             "a split group pattern needs a drawn split, not explicit validation folders");
+    if (!opt_.group_by.empty()) {
+      try {
+        std::regex{opt_.group_by};
+      } catch (const std::regex_error& e) {
+        fail("split group pattern '", opt_.group_by, "' is not a regular expression (", e.what(),
+             ")");
+      }
+    }
     DP_CHECK(opt_.val_fraction >= 0 && opt_.val_fraction < 1, "validation fraction ",
              opt_.val_fraction, " out of range [0, 1)");
     DP_CHECK(opt_.mask_threshold >= 0 && opt_.mask_threshold < 255, "mask threshold ",
@@ -386,21 +398,44 @@ class Builder {
                        [&](uint8_t v) { return v > opt_.mask_threshold; });
   }
 
-  // Stratified random split: a val_fraction of the masks with cracks and of those without.
+  // Stratified random split by group (see BuildOptions::group_by): in each stratum (groups with a
+  // crack pixel, groups without), shuffled groups go to validation until they hold
+  // round(val_fraction x the stratum's pairs). Without group_by this is a plain stratified split.
   void split(std::vector<Pair>& pairs) const {
+    std::optional<std::regex> pattern;
+    if (!opt_.group_by.empty()) pattern.emplace(opt_.group_by);
+    std::vector<std::vector<Pair*>> groups;
+    std::map<std::string, size_t> index;  // key -> groups[i], in the order pairs first show it
+    for (Pair& p : pairs) {
+      std::smatch m;
+      const bool matched = pattern && std::regex_search(p.stem, m, *pattern);
+      const auto [it, added] = index.emplace(matched ? m.str(0) : p.stem, groups.size());
+      if (added) groups.emplace_back();
+      groups[it->second].push_back(&p);
+    }
+    const auto has_crack = [](const std::vector<Pair*>& g) {
+      return std::any_of(g.begin(), g.end(), [](const Pair* p) { return p->crack; });
+    };
     for (const bool crack : {false, true}) {
-      std::vector<Pair*> group;
-      for (Pair& p : pairs) {
-        if (p.crack == crack) group.push_back(&p);
+      std::vector<std::vector<Pair*>*> stratum;
+      size_t n_pairs = 0;
+      for (auto& g : groups) {
+        if (has_crack(g) != crack) continue;
+        stratum.push_back(&g);
+        n_pairs += g.size();
       }
       Rng rng(key(opt_.seed, crack ? kPositiveStream : kNegativeStream));
-      for (auto i = static_cast<int64_t>(group.size()) - 1; i > 0; --i) {
+      for (auto i = static_cast<int64_t>(stratum.size()) - 1; i > 0; --i) {
         const auto j = static_cast<size_t>(rng.below(static_cast<uint64_t>(i + 1)));
-        std::swap(group[static_cast<size_t>(i)], group[j]);
+        std::swap(stratum[static_cast<size_t>(i)], stratum[j]);
       }
       const auto n_val =
-          static_cast<size_t>(std::llround(opt_.val_fraction * static_cast<double>(group.size())));
-      for (size_t i = 0; i < n_val; ++i) group[i]->val = true;
+          static_cast<size_t>(std::llround(opt_.val_fraction * static_cast<double>(n_pairs)));
+      size_t taken = 0;
+      for (size_t i = 0; i < stratum.size() && taken < n_val; ++i) {
+        for (Pair* p : *stratum[i]) p->val = true;
+        taken += stratum[i]->size();
+      }
     }
   }
 
@@ -491,6 +526,7 @@ class Builder {
     } else {
       writer.set_attr("val_fraction", opt_.val_fraction);
       writer.set_attr("split_seed", static_cast<int64_t>(opt_.seed));  // bit pattern of the seed
+      if (!opt_.group_by.empty()) writer.set_attr("split_group_by", opt_.group_by);
     }
     writer.set_attr("mask_threshold", static_cast<int64_t>(opt_.mask_threshold));
     writer.set_attr("resized", static_cast<int64_t>(resizing()));

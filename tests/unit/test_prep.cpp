@@ -12,6 +12,7 @@
 
 #include "dp/dataset.hpp"
 #include "dp/error.hpp"
+#include "dp/h5.hpp"
 #include "dp/image_io.hpp"
 #include "dp/prepare.hpp"
 #include "prep_util.hpp"
@@ -345,6 +346,76 @@ TEST(Build, PairsByStemSplitsStratifiedAndWritesStatistics) {
   b.seed = 4;
   data::build_dataset(b);
   EXPECT_NE(split_stems(b.out, "val", pairs), val);
+}
+
+TEST(Build, GroupByKeepsEachPhotographsCropsOnOneSide) {
+  test::TempDir dir;
+  test::PairFolderOptions o;
+  o.count = 20;
+  o.negatives = 6;
+  o.width = 40;
+  o.height = 32;
+  test::write_pairs(dir.path(), o);
+  // Crops of five photographs, named as DeepCrack names them: photoK-1 .. photoK-4.
+  std::map<std::string, std::string> photo_of;
+  for (const auto& e : fs::directory_iterator(dir.file("images"))) {
+    const std::string stem = e.path().stem().string();
+    const int i = std::stoi(stem.substr(3));
+    const std::string renamed = "photo" + std::to_string(i / 4) + "-" + std::to_string(i % 4 + 1);
+    photo_of[renamed] = "photo" + std::to_string(i / 4);
+    fs::rename(e.path(), dir.file("images/" + renamed + e.path().extension().string()));
+    fs::rename(dir.file("masks/" + stem + ".png"), dir.file("masks/" + renamed + ".png"));
+  }
+  BuildOptions b = build_options(dir);
+  b.val_fraction = 0.25;
+  const auto pairs = decode_pairs(dir);
+  const auto photos_of = [&](const std::vector<std::string>& stems) {
+    std::set<std::string> photos;
+    for (const auto& s : stems) photos.insert(photo_of.at(s));
+    return photos;
+  };
+  // Without a group, some seed puts crops of one photograph on both sides.
+  bool some_photo_split = false;
+  for (b.seed = 1; b.seed <= 4; ++b.seed) {
+    data::build_dataset(b);
+    const auto train = photos_of(split_stems(b.out, "train", pairs));
+    for (const auto& p : photos_of(split_stems(b.out, "val", pairs))) {
+      some_photo_split = some_photo_split || train.count(p) > 0;
+    }
+  }
+  EXPECT_TRUE(some_photo_split);
+  // With --group-by, never: every photograph is whole in one split, and both splits are used.
+  b.group_by = "^[^-]+";
+  for (b.seed = 1; b.seed <= 4; ++b.seed) {
+    const data::BuildReport r = data::build_dataset(b);
+    const auto train_stems = split_stems(b.out, "train", pairs);
+    const auto val_stems = split_stems(b.out, "val", pairs);
+    const auto train = photos_of(train_stems), val = photos_of(val_stems);
+    for (const auto& p : val) EXPECT_EQ(train.count(p), 0u) << p << " seed " << b.seed;
+    EXPECT_EQ(r.train + r.val, 20);
+    EXPECT_EQ(r.val % 4, 0) << "whole photographs of 4 crops";
+    EXPECT_GE(r.val, 4);
+    EXPECT_EQ(train_stems.size() + val_stems.size(), 20u);
+    EXPECT_EQ(h5::File(b.out, h5::Mode::kRead).attr_string("split_group_by"), "^[^-]+");
+  }
+  // A pattern that is not a regular expression, or one beside explicit folders, is an error.
+  b.group_by = "([";
+  EXPECT_THROW(
+      {
+        try {
+          data::build_dataset(b);
+        } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("'([' is not a regular expression"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      Error);
+  b.group_by = "^[^-]+";
+  b.val_images = b.images;
+  b.val_masks = b.masks;
+  EXPECT_THROW(data::build_dataset(b), Error);
 }
 
 TEST(Build, JpegMasksAreBinarisedAtTheThreshold) {

@@ -14,10 +14,14 @@ namespace dp::data {
 
 struct BuildOptions {
   std::string images, masks;  // folders of .jpg/.jpeg/.png/.tif/.tiff/.bmp, paired by file stem
-  std::string val_images, val_masks;        // explicit validation folders (both or neither)
-  std::string out;                          // the dataset file to write
-  double val_fraction = 0.1;                // used without explicit validation folders; 0 = no val
-  uint64_t seed = 1;                        // of the train/val split
+  std::string val_images, val_masks;  // explicit validation folders (both or neither)
+  std::string out;                    // the dataset file to write
+  double val_fraction = 0.1;          // used without explicit validation folders; 0 = no val
+  uint64_t seed = 1;                  // of the train/val split
+  // ECMAScript regex: pairs whose stems share its first match (the whole stem when it does not
+  // match) are one group, kept on one side of the split, e.g. "^[^-]+" for crops named PHOTO-1,
+  // PHOTO-2 of one photograph. Empty: every pair is its own group.
+  std::string group_by;
   int mask_threshold = 127;                 // mask pixel > threshold -> crack (1), else 0
   int resize_width = 0, resize_height = 0;  // 0: every image must already have one size
   bool skip_unpaired = false;  // unpaired files are skipped (counted) instead of an error
