@@ -22,7 +22,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dptrain: error: %s\n", e.what());
     return 1;
   }
-  if (std::getenv("DP_TEST_PREEMPT_AT_START") != nullptr)  // test hook
+  if (dp::app::preempt_at_start_in_argv(argc, argv))  // --test-fault preempt-at-start
     std::raise(dp::app::preemption_signals().front());
   return dp::app::run_mpi_program("dptrain", argc, argv, [&](dp::mpi::MpiComm& world) {
     const auto options = dp::app::parse_train_options(argc, argv, world.rank() == 0);

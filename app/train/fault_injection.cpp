@@ -1,44 +1,70 @@
-// Faults that tests inject into training through environment variables (DP_TEST_*_AT).
+// Faults that tests plant in training with the hidden option --test-fault.
 #include "train/fault_injection.hpp"
 
 #include <csignal>
 #include <cstdio>
-#include <cstdlib>
 #include <limits>
+#include <utility>
 
-#include "agreement.hpp"
+#include "dp/error.hpp"
 #include "train/signals.hpp"
 
 namespace dp::app {
 namespace {
 
-constexpr const char* kFailAt = "DP_TEST_FAIL_AT";
-constexpr const char* kPreemptAt = "DP_TEST_PREEMPT_AT";
-constexpr const char* kNonFiniteAt = "DP_TEST_NONFINITE_AT";
-
-void parse_at(const char* variable, int& rank, int64_t& step) {
-  const char* v = std::getenv(variable);
-  if (v == nullptr || *v == '\0') return;
-  long long s = 0;
-  char extra = 0;
-  if (std::sscanf(v, "%d:%lld%c", &rank, &s, &extra) != 2 || rank < 0 || s < 1)
-    throw UsageError(str_cat(variable, " must be RANK:STEP with STEP >= 1, got '", v, "'"));
-  step = s;
-}
+constexpr const char* kOption = "--test-fault";
 
 }  // namespace
 
-FaultInjection::FaultInjection(Comm& comm) : rank_(comm.rank()) {
-  collectively(comm, [&] { parse_at(kFailAt, fail_.rank, fail_.step); });
-  collectively(comm, [&] { parse_at(kPreemptAt, preempt_.rank, preempt_.step); });
-  collectively(comm, [&] { parse_at(kNonFiniteAt, nonfinite_.rank, nonfinite_.step); });
+PlantedFault parse_planted_fault(const std::string& text) {
+  const auto at = text.find('@');
+  const std::string kind = text.substr(0, at);
+  PlantedFault f;
+  if (kind == "fail") {
+    f.kind = PlantedFault::Kind::kFail;
+  } else if (kind == "preempt") {
+    f.kind = PlantedFault::Kind::kPreempt;
+  } else if (kind == "nonfinite") {
+    f.kind = PlantedFault::Kind::kNonFinite;
+  }
+  long long step = 0;
+  char extra = 0;
+  const bool known = kind == "fail" || kind == "preempt" || kind == "nonfinite";
+  if (!known || at == std::string::npos ||
+      std::sscanf(text.c_str() + at + 1, "%d:%lld%c", &f.rank, &step, &extra) != 2 || f.rank < 0 ||
+      step < 1) {
+    throw UsageError(str_cat(kOption,
+                             " must be fail, preempt or nonfinite @RANK:STEP with STEP >= 1",
+                             " (or ", kPreemptAtStart, "), got '", text, "'"));
+  }
+  f.step = step;
+  return f;
+}
+
+bool preempt_at_start_in_argv(int argc, const char* const* argv) {
+  const std::string option = kOption, value = kPreemptAtStart;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == option && i + 1 < argc && argv[i + 1] == value) || a == option + "=" + value)
+      return true;
+  }
+  return false;
 }
 
 void FaultInjection::at_step(int64_t run_step, double& loss) const {
-  if (fail_.now(rank_, run_step))
-    fail(kFailAt, "=", fail_.rank, ":", fail_.step, ": failing on purpose in step ", fail_.step);
-  if (nonfinite_.now(rank_, run_step)) loss = std::numeric_limits<double>::quiet_NaN();
-  if (preempt_.now(rank_, run_step)) std::raise(preemption_signals().front());
+  for (const PlantedFault& f : faults_) {
+    if (f.rank != rank_ || f.step != run_step) continue;
+    switch (f.kind) {
+      case PlantedFault::Kind::kFail:
+        fail(kOption, " fail@", f.rank, ":", f.step, ": failing on purpose in step ", f.step);
+      case PlantedFault::Kind::kNonFinite:
+        loss = std::numeric_limits<double>::quiet_NaN();
+        break;
+      case PlantedFault::Kind::kPreempt:
+        std::raise(preemption_signals().front());
+        break;
+    }
+  }
 }
 
 }  // namespace dp::app

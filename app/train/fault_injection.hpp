@@ -1,37 +1,48 @@
-// Faults that tests inject into training through environment variables, behind one call per step.
+// Faults that tests plant in training with the hidden option --test-fault, behind one call per
+// step.
 #pragma once
 
 #include <cstdint>
-
-#include "dp/comm.hpp"
+#include <string>
+#include <vector>
 
 namespace dp::app {
 
-// Each variable is "RANK:STEP" (STEP >= 1: the optimiser step of the run); unset in normal runs.
-//   DP_TEST_FAIL_AT       that rank throws dp::Error, after its forward pass, while its peers wait
-//                         in the step's gradient all-reduce (tests/e2e/rank_failure.cpp);
-//   DP_TEST_PREEMPT_AT    that rank raises SIGUSR1, so the job stops after the step
-//                         (tests/mpi/test_resume_mpi.cpp, tests/e2e/preemption_cli.cpp);
-//   DP_TEST_NONFINITE_AT  that rank's loss becomes NaN, its gradients stay finite
-//                         (tests/e2e/fault_guards.cpp: the non-finite guard names that rank).
+// One --test-fault KIND@RANK:STEP (STEP >= 1: the optimiser step of the run). Not in --help:
+//   fail       that rank throws dp::Error, after its forward pass, while its peers wait in the
+//              step's gradient all-reduce (tests/e2e/rank_failure.cpp);
+//   preempt    that rank raises the first preemption signal, so the job stops after the step
+//              (tests/mpi/test_resume_mpi.cpp, tests/e2e/preemption_cli.cpp);
+//   nonfinite  that rank's loss becomes NaN, its gradients stay finite (tests/e2e/fault_guards.cpp:
+//              the non-finite guard names that rank).
+// `--test-fault preempt-at-start` raises the signal before MPI starts (app/dptrain.cpp).
+struct PlantedFault {
+  enum class Kind { kFail, kPreempt, kNonFinite };
+  Kind kind = Kind::kFail;
+  int rank = -1;
+  int64_t step = -1;
+};
+
+// Parses KIND@RANK:STEP; a UsageError names the text and the expected form.
+PlantedFault parse_planted_fault(const std::string& text);
+
+// Whether argv holds --test-fault preempt-at-start (read before the options are parsed).
+bool preempt_at_start_in_argv(int argc, const char* const* argv);
+inline constexpr const char* kPreemptAtStart = "preempt-at-start";
+
 class FaultInjection {
  public:
-  // Reads the variables on every rank; a malformed one is a UsageError on every rank.
-  explicit FaultInjection(Comm& comm);
+  FaultInjection(std::vector<PlantedFault> faults, int rank)
+      : faults_(std::move(faults)), rank_(rank) {}
 
   // Called once per optimiser step `run_step`, after the forward pass of its last micro-batch
-  // and before its backward: injects what the variables ask for this rank and step. `loss`: the
+  // and before its backward: injects the faults planted for this rank and step. `loss`: the
   // rank's loss sum so far, which the step's non-finite check reads.
   void at_step(int64_t run_step, double& loss) const;
 
  private:
-  struct At {
-    int rank = -1;
-    int64_t step = -1;
-    bool now(int r, int64_t s) const { return r == rank && s == step; }
-  };
+  std::vector<PlantedFault> faults_;
   int rank_;
-  At fail_, preempt_, nonfinite_;
 };
 
 }  // namespace dp::app

@@ -147,6 +147,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
                                                 bool print_help) {
   TrainOptions o;
   std::vector<std::string> preempt_signals;  // --preempt-signal as given (none: the default)
+  std::vector<std::string> test_faults;      // --test-fault as given
   po::options_description data("Data");
   data.add_options()("data", po::value(&o.data),
                      "dataset v1 HDF5 file (default: a synthetic crack dataset)")(
@@ -312,12 +313,14 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "resumable): TERM, USR1, USR2, HUP, INT, QUIT, XCPU or ALRM; repeat for several (default: "
       "TERM and USR1; with NCCL 2.12, which takes SIGUSR1 itself, use USR2 and sbatch "
       "--signal=B:USR2@T)");
-  // Benchmark-only switches: parsed, not shown by --help.
+  // Benchmark and test switches: parsed, not shown by --help.
   po::options_description hidden("Hidden");
   hidden.add_options()("bench-skip-allreduce", po::bool_switch(&o.bench_skip_allreduce),
                        "benchmarks: skip the gradient all-reduce (ranks diverge)")(
       "bench-step-times", po::bool_switch(&o.bench_step_times),
-      "benchmarks: rank 0 prints each step's wall time and, at the end, the peak memory");
+      "benchmarks: rank 0 prints each step's wall time and, at the end, the peak memory")(
+      "test-fault", po::value(&test_faults)->composing(),
+      "tests: plant a fault, KIND@RANK:STEP or preempt-at-start (train/fault_injection.hpp)");
   po::options_description out("Checkpointing");
   out.add_options()("model-dir", po::value(&o.model_dir)->default_value(o.model_dir),
                     "directory for checkpoints")(
@@ -505,6 +508,9 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
           o.accumulation_steps);
   if (!preempt_signals.empty()) o.preempt_signals = preempt_signals;
   parse_preempt_signals(o.preempt_signals);  // a UsageError naming a bad one
+  for (const std::string& f : test_faults) {
+    if (f != kPreemptAtStart) o.test_faults.push_back(parse_planted_fault(f));
+  }
   require(o.stall_timeout >= 0, "--stall-timeout must be >= 0 seconds (0: off), got ",
           o.stall_timeout);
   require(o.skip_nonfinite_steps >= 0, "--skip-nonfinite-steps must be >= 0, got ",

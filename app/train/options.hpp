@@ -10,6 +10,7 @@
 #include "dp/backend.hpp"
 #include "dp/error.hpp"
 #include "exit_codes.hpp"  // UsageError
+#include "train/fault_injection.hpp"
 
 namespace dp::app {
 
@@ -89,8 +90,9 @@ struct TrainOptions {
   double stall_timeout = 600;      // seconds a collective may wait before the job ends (0: off)
   // Signals that checkpoint and exit 75 (train/signals.hpp); empty on the command line: TERM USR1.
   std::vector<std::string> preempt_signals = {"TERM", "USR1"};
-  bool bench_skip_allreduce = false;  // hidden, benchmarks only: no gradient communication
-  bool bench_step_times = false;      // hidden, benchmarks only: per-step times, peak memory
+  bool bench_skip_allreduce = false;      // hidden, benchmarks only: no gradient communication
+  bool bench_step_times = false;          // hidden, benchmarks only: per-step times, peak memory
+  std::vector<PlantedFault> test_faults;  // hidden --test-fault, tests only
   // checkpointing and output
   std::string model_dir = "runs/dptrain";
   std::string resume = "auto";  // auto | never (alias none) | PATH

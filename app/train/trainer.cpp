@@ -95,7 +95,7 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
     ensure_writable_dir(opt_.model_dir);
     model_dir_lock_ = std::make_unique<ModelDirLock>(opt_.model_dir, log_);
   });
-  faults_ = std::make_unique<FaultInjection>(comm_);
+  faults_ = std::make_unique<FaultInjection>(opt_.test_faults, comm_.rank());
   prepare_data();
   collectively(comm_, [&] { set_up_model(); });
   if (const std::string note = device_->memory_note(); !note.empty()) log_.info(note);

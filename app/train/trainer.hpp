@@ -109,7 +109,7 @@ class Trainer {
   std::unique_ptr<mpi::GradReducer> reducer_;  // sums gradients over ranks during backward
   // SIGTERM/SIGUSR1 -> flag, while the trainer lives.
   PreemptionHandlers preemption_;
-  std::unique_ptr<FaultInjection> faults_;  // the DP_TEST_*_AT hooks of the fault tests
+  std::unique_ptr<FaultInjection> faults_;  // the faults tests plant (--test-fault)
   std::unique_ptr<data::Loader> train_loader_, val_loader_;
   Buffer diff_logits_;
   std::vector<uint64_t> dropout_seeds_;  // one per sample of a batch, sized once

@@ -2,8 +2,6 @@
 #include "conv.hpp"
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 #include "dp/cuda/device.hpp"
@@ -218,10 +216,7 @@ ConvEngine::ConvEngine(cudnnHandle_t handle, DeviceHeap& heap, Arena& workspace,
       options_(options),
       bf16_(options.precision == Precision::kBFloat16),
       filter_copy_(heap, "the KRSC filter copy"),
-      stage_(heap, "the convolution operand staging") {
-  const char* krsc = std::getenv("DP_CUDNN_KRSC_FILTERS");
-  force_krsc_ = krsc != nullptr && std::strcmp(krsc, "1") == 0;
-}
+      stage_(heap, "the convolution operand staging") {}
 
 ConvEngine::~ConvEngine() = default;
 
@@ -376,7 +371,7 @@ bool ConvEngine::try_ensure(Plan& p, int pass, const void* x, const void* w, con
   if (ps.ready) return true;
   p.short_of_memory = false;
   std::string why_nchw;
-  if (!force_krsc_) {
+  if (!options_.krsc_filters) {
     if (choose(p, pass, false, x, w, y)) {
       keep_faster_krsc(p, pass, x, w, y);
       note_choice(p, pass);
@@ -388,7 +383,7 @@ bool ConvEngine::try_ensure(Plan& p, int pass, const void* x, const void* w, con
     note_choice(p, pass);
     return true;
   }
-  p.why = str_cat(force_krsc_ ? "" : str_cat("with the NCHW filter: ", why_nchw, "; "),
+  p.why = str_cat(options_.krsc_filters ? "" : str_cat("with the NCHW filter: ", why_nchw, "; "),
                   "with the KRSC filter: ", p.why);
   return false;
 }

@@ -38,8 +38,8 @@ namespace dp::cuda {
 // cudnnTransformTensor before each call (and the filter gradient transformed back). The copy is
 // used where the NCHW filter has no algorithm, or where its chosen algorithm's call, timed on the
 // call's buffers, beats the NCHW filter's by 10% (keep_faster_krsc; not with
-// options.deterministic). DP_CUDNN_KRSC_FILTERS=1 in the environment forces the copy everywhere,
-// so that both paths can be tested.
+// options.deterministic). BackendOptions::krsc_filters forces the copy everywhere, so that both
+// paths can be tested.
 //
 // Bias and ReLU: fused by cudnnConvolutionBiasActivationForward in a convolution's forward pass
 // where cuDNN accepts it and it is not slower than the plain convolution + the bias/ReLU kernel
@@ -172,7 +172,6 @@ class ConvEngine {
   BackendOptions options_;
   bool bf16_ = false;  // options_.precision == kBFloat16: bf16 activations; plans bf16 where
                        // cuDNN allows
-  bool force_krsc_ = false;
   Arena filter_copy_;  // the KRSC filter (or filter gradient) of the current call (fp32)
   Arena stage_;        // the current call's staged operands (Plan::stage())
   std::map<PlanKey, std::unique_ptr<Plan>> conv_plans_;

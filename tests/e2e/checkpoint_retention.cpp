@@ -12,8 +12,8 @@ namespace {
 
 using app::kExitPreempted;
 
-std::string dptrain(int np, const std::string& args, const std::string& env = "") {
-  return test::mpiexec_command(DP_MPIEXEC, np, DP_DPTRAIN, args, env);
+std::string dptrain(int np, const std::string& args) {
+  return test::mpiexec_command(DP_MPIEXEC, np, DP_DPTRAIN, args);
 }
 
 TEST(Retention, SaveEveryWritesEveryEEpochsAndTheLast) {
@@ -47,7 +47,7 @@ TEST(RetentionCli, SaveEveryKeepLastAndAPreemptionAtAnUnsavedEpoch) {
                              run;
   // 8 samples, batch 2, one rank: 4 steps an epoch. A signal after step 4 (epoch 1's last) is
   // acted on at the end of epoch 1, which --save-every 2 would not save: it is saved anyway.
-  const auto p = test::run_command(dptrain(1, common + " --epochs 5", "DP_TEST_PREEMPT_AT=0:4"));
+  const auto p = test::run_command(dptrain(1, common + " --epochs 5 --test-fault preempt@0:4"));
   EXPECT_EQ(p.status, kExitPreempted) << p.output;
   EXPECT_TRUE(exists("model_epoch_1.h5")) << p.output;
   EXPECT_TRUE(exists("model_best.h5")) << p.output;

@@ -2,8 +2,9 @@
 // leaves only finite checkpoints, a stopped rank ends the job through the stall watchdog, a second
 // dptrain on a held --model-dir is refused, and a full disk loses no checkpoint.
 //
-// Test hook: DP_TEST_NONFINITE_AT="R:S" makes rank R's loss NaN in optimiser step S of the run
-// (app/train/trainer.cpp). The tiny run below has 4 optimiser steps per epoch on 2 ranks.
+// Test hook: the hidden option --test-fault nonfinite@R:S makes rank R's loss NaN in optimiser
+// step S of the run (app/train/fault_injection.hpp). The tiny run below has 4 optimiser steps per
+// epoch on 2 ranks.
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <unistd.h>
@@ -25,10 +26,9 @@ namespace fs = std::filesystem;
 // A hung job is killed after this long (coreutils timeout), so a test fails instead of hanging.
 constexpr int kKillAfterSeconds = 120;
 
-std::string mpiexec(int np, const std::string& env = "") {
-  return "timeout -k 5 " + std::to_string(kKillAfterSeconds) + " " +
-         (env.empty() ? "" : "env " + env + " ") + std::string(DP_MPIEXEC) + " -n " +
-         std::to_string(np) + " ";
+std::string mpiexec(int np) {
+  return "timeout -k 5 " + std::to_string(kKillAfterSeconds) + " " + std::string(DP_MPIEXEC) +
+         " -n " + std::to_string(np) + " ";
 }
 
 int count(const std::string& text, const std::string& what) {
@@ -101,7 +101,7 @@ TEST_F(Faults, DivergenceStopsWithItsOwnStatusAndWritesNoNonFiniteCheckpoint) {
   // A NaN loss on rank 1 in the 2nd step of epoch 2: the line names the rank, epoch and step;
   // epoch 1's checkpoints stay and are finite, epoch 2 writes none.
   const std::string hooked = dir_.file("hooked");
-  const auto h = test::run_command(mpiexec(2, "DP_TEST_NONFINITE_AT=1:6") + args(hooked, 3));
+  const auto h = test::run_command(mpiexec(2) + args(hooked, 3) + " --test-fault nonfinite@1:6");
   EXPECT_EQ(h.status, 3) << h.output;
   EXPECT_EQ(count(h.output, "dptrain: error:"), 1) << h.output;
   EXPECT_TRUE(contains(h.output,
@@ -115,8 +115,8 @@ TEST_F(Faults, DivergenceStopsWithItsOwnStatusAndWritesNoNonFiniteCheckpoint) {
 }
 
 TEST_F(Faults, SkipNonFiniteStepsSkipsThenStops) {
-  const auto r = test::run_command(mpiexec(2, "DP_TEST_NONFINITE_AT=1:6") +
-                                   args(dir_.file("skip"), 3) + " --skip-nonfinite-steps 1");
+  const auto r = test::run_command(mpiexec(2) + args(dir_.file("skip"), 3) +
+                                   " --skip-nonfinite-steps 1 --test-fault nonfinite@1:6");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(r.output, "warning: skipped epoch 2, step 2"), 1) << r.output;
   EXPECT_TRUE(contains(r.output, "epoch 3/3")) << r.output;

@@ -1,7 +1,7 @@
 // Preemption as a user sees it (dptrain under mpiexec -n 2): SIGUSR1 or the --preempt-signal one
-// (sent to mpiexec, which forwards it, or raised on one rank by the DP_TEST_PREEMPT_AT hook) ends
-// the job with exit code 75 after a mid-epoch checkpoint; rerunning the same command resumes at
-// that step.
+// (sent to mpiexec, which forwards it, or raised on one rank by the hidden --test-fault
+// preempt@R:S) ends the job with exit code 75 after a mid-epoch checkpoint; rerunning the same
+// command resumes at that step.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -15,8 +15,8 @@ namespace {
 
 using app::kExitPreempted;
 
-std::string dptrain(int np, const std::string& args, const std::string& env = "") {
-  return test::mpiexec_command(DP_MPIEXEC, np, DP_DPTRAIN, args, env);
+std::string dptrain(int np, const std::string& args) {
+  return test::mpiexec_command(DP_MPIEXEC, np, DP_DPTRAIN, args);
 }
 
 bool has(const std::string& text, const std::string& what) {
@@ -38,7 +38,7 @@ class Preempt : public ::testing::Test {
 };
 
 TEST_F(Preempt, SignalOnOneRankCheckpointsMidEpochExits75AndTheRerunResumes) {
-  const auto p = test::run_command(dptrain(2, common(2), "DP_TEST_PREEMPT_AT=1:3"));
+  const auto p = test::run_command(dptrain(2, common(2) + " --test-fault preempt@1:3"));
   std::printf("%s", p.output.c_str());
   EXPECT_EQ(p.status, kExitPreempted) << p.output;
   EXPECT_TRUE(has(p.output, "received by 1 of 2 rank(s); stopping after step 3")) << p.output;
@@ -59,7 +59,7 @@ TEST_F(Preempt, SignalOnOneRankCheckpointsMidEpochExits75AndTheRerunResumes) {
 // A signal during start-up (here raised on every rank before MPI starts) is not lost and does not
 // kill the ranks: the job stops resumably at the first step boundary.
 TEST_F(Preempt, SignalDuringStartUpStopsAtTheFirstStep) {
-  const auto p = test::run_command(dptrain(2, common(2), "DP_TEST_PREEMPT_AT_START=1"));
+  const auto p = test::run_command(dptrain(2, common(2) + " --test-fault preempt-at-start"));
   std::printf("%s", p.output.c_str());
   EXPECT_EQ(p.status, kExitPreempted) << p.output;
   EXPECT_TRUE(has(p.output, "received by 2 of 2 rank(s); stopping after step 1")) << p.output;
@@ -106,7 +106,7 @@ TEST_F(Preempt, SignalToMpiexecStopsTheJobResumably) {
 // hook raises the first; an unknown name is one usage error.
 TEST_F(Preempt, PreemptSignalOptionChoosesTheSignals) {
   const auto p = test::run_command(dptrain(
-      2, common(2) + " --preempt-signal USR2 --preempt-signal=term", "DP_TEST_PREEMPT_AT=1:3"));
+      2, common(2) + " --preempt-signal USR2 --preempt-signal=term --test-fault preempt@1:3"));
   EXPECT_EQ(p.status, kExitPreempted) << p.output;
   EXPECT_TRUE(has(p.output, "preemption: SIGUSR2, SIGTERM -> checkpoint at the next step, exit 75"))
       << p.output;

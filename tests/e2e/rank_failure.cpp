@@ -1,9 +1,9 @@
 // Failure semantics of dptrain under mpiexec: an error on one rank mid-training prints one line
 // from that rank and ends the whole job, non-zero, within seconds; distribution options' errors.
 //
-// Test hook: the environment variable DP_TEST_FAIL_AT="R:S" makes rank R throw a dp::Error in
-// optimiser step S of the run (1-based), after its forward pass, while the other ranks are
-// already waiting in that step's gradient all-reduce (app/train/trainer.cpp, parse_fail_at).
+// Test hook: the hidden option --test-fault fail@R:S makes rank R throw a dp::Error in optimiser
+// step S of the run (1-based), after its forward pass, while the other ranks are already waiting
+// in that step's gradient all-reduce (app/train/fault_injection.hpp).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -19,8 +19,8 @@ constexpr double kMaxSeconds = 30.0;
 // A hung job is killed after this long (coreutils timeout), so the test fails instead of hanging.
 constexpr int kKillAfterSeconds = 60;
 
-std::string dptrain(int np, const std::string& args, const std::string& env = "") {
-  return test::mpiexec_command(DP_MPIEXEC, np, DP_DPTRAIN, args, env, kKillAfterSeconds);
+std::string dptrain(int np, const std::string& args) {
+  return test::mpiexec_command(DP_MPIEXEC, np, DP_DPTRAIN, args, "", kKillAfterSeconds);
 }
 
 int count(const std::string& text, const std::string& what) {
@@ -57,7 +57,7 @@ class Failure : public ::testing::Test {
 };
 
 TEST_F(Failure, OneRankFailingMidStepEndsTheJobWithOneLine) {
-  const Timed t = run_timed(dptrain(2, common(), "DP_TEST_FAIL_AT=1:2"));
+  const Timed t = run_timed(dptrain(2, common() + " --test-fault fail@1:2"));
   std::printf("[failure] mpiexec exited with %d after %.1f s\n", t.result.status, t.seconds);
   EXPECT_NE(t.result.status, 0) << t.result.output;
   EXPECT_LT(t.seconds, kMaxSeconds) << t.result.output;
@@ -69,7 +69,7 @@ TEST_F(Failure, OneRankFailingMidStepEndsTheJobWithOneLine) {
 
 TEST_F(Failure, RankZeroFailingWithoutOverlapOrWithAccumulationEndsTheJob) {
   for (const char* extra : {" --no-overlap", " --accumulation-steps 2 --bucket-mb 0.01"}) {
-    const Timed t = run_timed(dptrain(2, common() + extra, "DP_TEST_FAIL_AT=0:3"));
+    const Timed t = run_timed(dptrain(2, common() + extra + " --test-fault fail@0:3"));
     EXPECT_NE(t.result.status, 0) << extra << "\n" << t.result.output;
     EXPECT_LT(t.seconds, kMaxSeconds) << extra << "\n" << t.result.output;
     EXPECT_EQ(count(t.result.output, "dptrain: error: [rank 0]"), 1) << t.result.output;
@@ -78,10 +78,12 @@ TEST_F(Failure, RankZeroFailingWithoutOverlapOrWithAccumulationEndsTheJob) {
 }
 
 TEST_F(Failure, MalformedHookIsAUsageError) {
-  const auto r = test::run_command(dptrain(2, common(), "DP_TEST_FAIL_AT=one"));
+  const auto r = test::run_command(dptrain(2, common() + " --test-fault fail@one"));
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_EQ(count(r.output, "dptrain: error:"), 1) << r.output;
-  EXPECT_NE(r.output.find("DP_TEST_FAIL_AT must be RANK:STEP"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--test-fault must be fail, preempt or nonfinite @RANK:STEP"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST_F(Failure, DistributionOptionErrors) {

@@ -190,8 +190,9 @@ class TensorBoardRun : public ::testing::Test {
     data_ = dir_.file("tiny.h5");
     test::write_tiny_dataset(data_, 16, 8, 32);
   }
-  test::CommandResult train(const std::string& model_dir, const std::string& env = "") {
-    return test::run_command(env + " " + DP_MPIEXEC + " -n 2 " + DP_DPTRAIN + " --data " + data_ +
+  test::CommandResult train(const std::string& model_dir, const std::string& extra = "") {
+    return test::run_command(std::string(DP_MPIEXEC) + " -n 2 " + DP_DPTRAIN + extra + " --data " +
+                             data_ +
                              " --width-divisor 16 --batch-size 2 --lr 0.2 --log-every 1 "
                              "--deterministic --tensorboard --epochs " +
                              std::to_string(kEpochs) + " --model-dir " + model_dir);
@@ -218,7 +219,7 @@ TEST_F(TensorBoardRun, PreemptedAndKilledRunsReadBackAsOneContinuousCurve) {
   EXPECT_NE(r.output.find("tensorboard: events in"), std::string::npos) << r.output;
 
   // Preempted in epoch 2 after step 6 (rank 1's SIGUSR1), then resumed mid-epoch.
-  r = train(dir_.file("preempted"), "DP_TEST_PREEMPT_AT=1:6");
+  r = train(dir_.file("preempted"), " --test-fault preempt@1:6");
   ASSERT_EQ(r.status, 75) << r.output;
   r = train(dir_.file("preempted"));
   ASSERT_EQ(r.status, 0) << r.output;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <iterator>
@@ -199,6 +200,7 @@ std::unique_ptr<cuda::CudaBackend> make_gpu(bool tf32, bool deterministic = fals
   o.tf32 = tf32;
   o.deterministic = deterministic;
   o.precision = precision;
+  o.krsc_filters = std::getenv("DP_CUDNN_KRSC_FILTERS") != nullptr;  // emu.krsc_filters
   return cuda::make_cuda_backend(o);
 }
 

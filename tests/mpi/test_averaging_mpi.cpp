@@ -34,15 +34,11 @@ app::TrainOptions options(const SharedDir& dir, const std::string& run) {
   return o;
 }
 
-int run(const app::TrainOptions& o, const char* preempt_at = nullptr) {
-  if (preempt_at != nullptr) setenv("DP_TEST_PREEMPT_AT", preempt_at, 1);
-  int code = -1;
-  {
-    app::Trainer t(o, test::world(), test::quiet_logger());
-    code = t.run();
-  }
-  unsetenv("DP_TEST_PREEMPT_AT");
-  return code;
+int run(app::TrainOptions o, const char* preempt_at = nullptr) {
+  if (preempt_at != nullptr)
+    o.test_faults = {app::parse_planted_fault(std::string("preempt@") + preempt_at)};
+  app::Trainer t(o, test::world(), test::quiet_logger());
+  return t.run();
 }
 
 // A checkpoint's raw weights and, when it has them, its averaged weights.

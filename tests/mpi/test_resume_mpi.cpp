@@ -2,8 +2,8 @@
 // at the same step boundary with a mid-epoch checkpoint and exit code 75; resuming from it ends
 // with bit-identical weights to an uninterrupted run; a checkpoint resumes on another world size.
 //
-// Test hook: DP_TEST_PREEMPT_AT="R:S" makes rank R raise SIGUSR1 after optimiser step S of the
-// run (app/train/trainer.cpp), so only that rank receives the signal.
+// Test hook: TrainOptions::test_faults (--test-fault preempt@R:S) makes rank R raise SIGUSR1 after
+// optimiser step S of the run (app/train/fault_injection.hpp), so only that rank receives it.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -35,16 +35,11 @@ app::TrainOptions options(const SharedDir& dir, const std::string& run, int batc
   return o;
 }
 
-// Runs a Trainer with DP_TEST_PREEMPT_AT set (empty: unset); returns run()'s exit code.
-int run_with_preempt_at(const app::TrainOptions& o, const char* at, Comm& comm) {
-  if (at != nullptr) setenv("DP_TEST_PREEMPT_AT", at, 1);
-  int code = -1;
-  {
-    app::Trainer t(o, comm, test::quiet_logger());
-    code = t.run();
-  }
-  unsetenv("DP_TEST_PREEMPT_AT");
-  return code;
+// Runs a Trainer with --test-fault preempt@AT (nullptr: none); returns run()'s exit code.
+int run_with_preempt_at(app::TrainOptions o, const char* at, Comm& comm) {
+  if (at != nullptr) o.test_faults = {app::parse_planted_fault(std::string("preempt@") + at)};
+  app::Trainer t(o, comm, test::quiet_logger());
+  return t.run();
 }
 
 struct Loaded {

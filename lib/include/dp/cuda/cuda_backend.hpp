@@ -35,6 +35,9 @@ struct BackendOptions {
   // One info line per convolution pass with the algorithm chosen for it (and the fused bias/ReLU
   // call's timing), for profiling.
   bool log_algorithms = false;
+  // Every convolution on a KRSC filter copy, the path otherwise taken only where cuDNN offers no
+  // algorithm for the NCHW filter: for the tests of that path (tests/emu, emu.krsc_filters).
+  bool krsc_filters = false;
   // Where the backend's notes go (info: a bf16 shape that runs in fp32).
   Logger log;
 };
