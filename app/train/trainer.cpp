@@ -89,7 +89,6 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
           opt_.log_every),
       guard_(opt_, comm_, log_, progress_),
       preemption_(parse_preempt_signals(opt_.preempt_signals)) {
-  log_configuration();
   choose_device();
   on_root(comm_, "--model-dir", [&] {
     ensure_writable_dir(opt_.model_dir);
@@ -97,6 +96,8 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
   });
   faults_ = std::make_unique<FaultInjection>(opt_.test_faults, comm_.rank());
   prepare_data();
+  collectively(comm_, [&] { resolve_data_choices(); });
+  log_configuration();
   collectively(comm_, [&] { set_up_model(); });
   if (const std::string note = device_->memory_note(); !note.empty()) log_.info(note);
   log_set_up();
@@ -121,6 +122,24 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
   outputs_ = std::make_unique<EpochOutputs>(
       opt_, comm_, log_, data_path_, Normalization{train_loader_->mean(), train_loader_->std()},
       height_, width_, val_loader_ != nullptr, state_.step);
+}
+
+// The choices that depend on the dataset, made before the configuration is printed so that it
+// (and every checkpoint) shows what runs: --best-metric ods without a validation split, and
+// --lr-schedule auto.
+void Trainer::resolve_data_choices() {
+  if (opt_.best_metric == "ods" && !data::Dataset::has_split(data_path_, "val")) {
+    log_.info("--best-metric ods: dataset '", data_path_,
+              "' has no validation split; the training loss chooses the best epoch");
+    opt_.best_metric = "valid_loss";  // ODS is measured on validation only
+  }
+  if (opt_.lr_schedule == "auto") {
+    const int64_t images = data::Dataset(data_path_, "train").size();
+    opt_.lr_schedule = auto_lr_schedule(images, opt_.epochs);
+    log_.info("LR schedule: ", opt_.lr_schedule, " (auto: ", images, " training images x ",
+              opt_.epochs, " epochs = ", images * opt_.epochs,
+              opt_.lr_schedule == "cosine" ? " >= " : " < ", kCosineMinImages, ")");
+  }
 }
 
 void Trainer::log_configuration() {
@@ -215,18 +234,6 @@ void Trainer::set_up_model() {
   lo = data::validation_options(lo);  // data path: no augmentation, centred crop
   if (data::Dataset::has_split(data_path_, "val"))
     val_loader_ = std::make_unique<data::Loader>(data_path_, "val", lo);
-  if (!val_loader_ && opt_.best_metric == "ods") {  // ODS is measured on validation only
-    log_.info("--best-metric ods: dataset '", data_path_,
-              "' has no validation split; the training loss chooses the best epoch");
-    opt_.best_metric = "valid_loss";
-  }
-  if (opt_.lr_schedule == "auto") {
-    const int64_t images = train_loader_->dataset_size();
-    opt_.lr_schedule = auto_lr_schedule(images, opt_.epochs);
-    log_.info("LR schedule: ", opt_.lr_schedule, " (auto: ", images, " training images x ",
-              opt_.epochs, " epochs = ", images * opt_.epochs,
-              opt_.lr_schedule == "cosine" ? " >= " : " < ", kCosineMinImages, ")");
-  }
   height_ = train_loader_->height();
   width_ = train_loader_->width();
   if (val_loader_ && (val_loader_->height() != height_ || val_loader_->width() != width_))

@@ -73,10 +73,11 @@ class Trainer {
   const float* forward(const data::Batch& b, int64_t epoch, BatchTensors& in);
 
   // Set-up, in the constructor's order.
-  void log_configuration();
   void choose_device();  // device_, threads per rank, the device line
   void prepare_data();
-  void set_up_model();  // loaders, loss, model, optimiser, weight average, buffers
+  void resolve_data_choices();  // --best-metric ods without validation, --lr-schedule auto
+  void log_configuration();     // every option as it runs
+  void set_up_model();          // loaders, loss, model, optimiser, weight average, buffers
   // Usage errors: fewer training samples than ranks; --drop-last leaving no full batch.
   void check_train_size() const;
   void log_set_up() const;

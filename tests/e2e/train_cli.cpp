@@ -288,6 +288,13 @@ TEST_F(Cli, TrainsCheckpointsResumesAndFinishes) {
   EXPECT_TRUE(std::filesystem::exists(dir_.file("run/model_epoch_1.h5")));
   EXPECT_TRUE(std::filesystem::exists(dir_.file("run/model_best.h5")));
   EXPECT_NE(r.output.find("epoch 1/1"), std::string::npos) << r.output;
+  // The printed configuration shows what runs: --lr-schedule auto resolved, before it is printed.
+  const size_t schedule = r.output.find("LR schedule: constant (auto: ");
+  EXPECT_NE(schedule, std::string::npos) << r.output;
+  const size_t printed = r.output.find("\n  lr_schedule = constant\n");
+  EXPECT_NE(printed, std::string::npos) << r.output;
+  EXPECT_GT(printed, schedule) << r.output;
+  EXPECT_EQ(r.output.find("lr_schedule = auto"), std::string::npos) << r.output;
 
   r = test::run_command(dptrain(2, common() + " --epochs 3"));
   ASSERT_EQ(r.status, 0) << r.output;
