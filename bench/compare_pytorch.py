@@ -5,15 +5,19 @@
     python3 bench/compare_pytorch.py --python "$(which python3)" [--build build/default]
                                      [--isa native|avx2|avx512_core|avx512_core_bf16|avx512_core_amx]
 
-Cases: UNet16 /8 at 128x128 batch 8 and full UNet16 at 128x128 batch 2, each on 1 and 2 threads,
-and 2 ranks x 1 thread (mpirun) vs PyTorch DDP (gloo) 2 processes x 1 thread. Same network
+Cases (--cases picks by index, --list prints them): UNet16 /8 at 128x128 batch 8 and full UNet16
+at 128x128 batch 2, each on 1 and 2 threads, and 2 ranks x 1 thread (mpirun) vs PyTorch DDP (gloo)
+2 processes x 1 thread; then the full-width UNet16 at photograph sizes: 192x256 (HxW) batch 2 and
+4, 384x544 batch 1, on 1 and 2 threads, and 192x256 batch 2 DDP. Same network
 (tools/reference/models.py has dptrain's names and shapes), fp32 (or --precision bf16: dptrain's
 bf16 activations and convolutions vs torch.autocast), SGD momentum 0.9, weight decay
 1e-4, BCE-with-logits, same batch and image size. dptrain trains from an in-memory shard
 (--cache, no augmentation; the second epoch is timed, when the shard is in memory) and prints
 each step's wall time (--bench-step-times); PyTorch uses tensors made once. Each side: warm-up excluded, median of the timed steps; the two alternate
 (--rounds) to cancel machine drift, and the median over rounds is reported, with each side's peak
-resident memory (summed over processes).
+resident memory (summed over processes) and achieved TFLOP/s: img/s x the convolutions' FLOPs
+per image of a training step (pytorch_peer.py's train_flop_per_image: 3 x 2 x the forward
+multiply-adds), the same count for both sides.
 
 --isa caps both sides the same way: ONEDNN_MAX_CPU_ISA for dptrain's and PyTorch's oneDNN, and
 ATEN_CPU_CAPABILITY for PyTorch's own kernels. A machine can only cap downwards; the ISA each side
@@ -32,12 +36,19 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-CASES = [  # (name, width divisor, batch per rank, threads per rank, ranks)
-    ("unet16/8 128px b8", 8, 8, 1, 1),
-    ("unet16/8 128px b8", 8, 8, 2, 1),
-    ("unet16 128px b2", 1, 2, 1, 1),
-    ("unet16 128px b2", 1, 2, 2, 1),
-    ("unet16/8 128px b8 DDP", 8, 8, 1, 2),
+CASES = [  # (name, width divisor, batch per rank, threads per rank, ranks, HxW)
+    ("unet16/8 128px b8", 8, 8, 1, 1, "128x128"),
+    ("unet16/8 128px b8", 8, 8, 2, 1, "128x128"),
+    ("unet16 128px b2", 1, 2, 1, 1, "128x128"),
+    ("unet16 128px b2", 1, 2, 2, 1, "128x128"),
+    ("unet16/8 128px b8 DDP", 8, 8, 1, 2, "128x128"),
+    ("unet16 192x256 b2", 1, 2, 1, 1, "192x256"),
+    ("unet16 192x256 b2", 1, 2, 2, 1, "192x256"),
+    ("unet16 192x256 b4", 1, 4, 1, 1, "192x256"),
+    ("unet16 192x256 b4", 1, 4, 2, 1, "192x256"),
+    ("unet16 384x544 b1", 1, 1, 1, 1, "384x544"),
+    ("unet16 384x544 b1", 1, 1, 2, 1, "384x544"),
+    ("unet16 192x256 b2 DDP", 1, 2, 1, 2, "192x256"),
 ]
 
 
@@ -112,14 +123,14 @@ def run_dptrain(build, data, work, divisor, batch, threads, ranks, warmup, steps
     return batch * ranks / step, rss[0]
 
 
-def run_torch(python, divisor, batch, threads, ranks, warmup, steps, precision, env):
+def run_torch(python, divisor, batch, threads, ranks, size, warmup, steps, precision, env):
     out = subprocess.run([python, os.path.join(HERE, "pytorch_peer.py"), "--world", str(ranks),
-                          "--threads", str(threads), "--divisor", str(divisor), "--size", "128",
+                          "--threads", str(threads), "--divisor", str(divisor), "--size", size,
                           "--batch", str(batch), "--warmup", str(warmup), "--steps", str(steps),
                           "--precision", precision],
                          env=env, check=True, capture_output=True, text=True).stdout
     r = json.loads(out.strip().splitlines()[-1])
-    return r["img_per_s"], r["peak_rss_bytes"] / 2**20, r["torch"]
+    return r["img_per_s"], r["peak_rss_bytes"] / 2**20, r["torch"], r["train_flop_per_image"]
 
 
 def main():
@@ -130,41 +141,50 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--cases", default="all", help="comma-separated indices into the case list")
+    ap.add_argument("--list", action="store_true", help="print the cases with their indices")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="bf16: dptrain --precision bf16 vs torch.autocast(bfloat16)")
     ap.add_argument("--isa", choices=list(ISAS), default="native",
                     help="cap both sides' CPU instruction set (only downwards)")
     args = ap.parse_args()
+    if args.list:
+        for i, (name, _, _, t, r, _) in enumerate(CASES):
+            print(f"{i:2d} {name} ({r} rank(s) x {t} thread(s))")
+        return
     env = isa_env(args.isa)
     cases = CASES if args.cases == "all" else [CASES[int(i)] for i in args.cases.split(",")]
     with tempfile.TemporaryDirectory() as work:
-        data = os.path.join(work, "bench.h5")
-        n = (args.warmup + args.steps) * 8 * 2
-        subprocess.run([os.path.join(args.build, "app", "dpprep"), "synth", "--out", data,
-                        "--train", str(n), "--val", "0", "--size", "128x128"], check=True,
-                       capture_output=True)
-        dp_name, dp_isa, pt_isa, aten = probe_isas(args, data, work, env)
+        datasets = {}  # HxW -> a synthetic set big enough for every case of that size
+        for _, _, b, _, r, size in cases + [CASES[0]]:
+            datasets[size] = max(datasets.get(size, 0), (args.warmup + args.steps) * b * r)
+        for size, n in datasets.items():
+            datasets[size] = os.path.join(work, f"bench_{size}.h5")
+            subprocess.run([os.path.join(args.build, "app", "dpprep"), "synth", "--out",
+                            datasets[size], "--train", str(n), "--val", "0", "--size", size],
+                           check=True, capture_output=True)
+        dp_name, dp_isa, pt_isa, aten = probe_isas(args, datasets["128x128"], work, env)
         print(f"--isa {args.isa}: dptrain ran oneDNN {dp_name} ({dp_isa}); PyTorch ran oneDNN "
               f"({pt_isa}), ATen {aten}")
         if args.isa != "native" and dp_name != args.isa:
             print(f"note: this CPU cannot run {args.isa} (a machine can only cap downwards): "
                   f"both sides ran its best instead, {dp_name}")
         print(f"{'case':26s} {'thr':>3s} {'dptrain img/s':>13s} {'PyTorch img/s':>13s} "
-              f"{'ratio':>6s} {'dptrain MiB':>11s} {'PyTorch MiB':>11s} {'mem ratio':>9s}")
+              f"{'ratio':>6s} {'dp TFLOP/s':>10s} {'PT TFLOP/s':>10s} {'dptrain MiB':>11s} "
+              f"{'PyTorch MiB':>11s} {'mem ratio':>9s}")
         version = "?"
-        for name, d, b, t, r in cases:
+        for name, d, b, t, r, size in cases:
             dp, pt, dp_mem, pt_mem = [], [], [], []
             for _ in range(args.rounds):  # alternate the two to cancel drift
-                ips, mem = run_dptrain(args.build, data, work, d, b, t, r, args.warmup, args.steps,
-                                       args.precision, env)
+                ips, mem = run_dptrain(args.build, datasets[size], work, d, b, t, r, args.warmup,
+                                       args.steps, args.precision, env)
                 dp.append(ips), dp_mem.append(mem)
-                ips, mem, version = run_torch(args.python, d, b, t, r, args.warmup, args.steps,
-                                              args.precision, env)
+                ips, mem, version, flop = run_torch(args.python, d, b, t, r, size, args.warmup,
+                                                    args.steps, args.precision, env)
                 pt.append(ips), pt_mem.append(mem)
             a, p = statistics.median(dp), statistics.median(pt)
             ma, mp_ = max(dp_mem), max(pt_mem)
-            print(f"{name:26s} {t * r:3d} {a:13.2f} {p:13.2f} {a / p:6.2f} {ma:11.0f} "
-                  f"{mp_:11.0f} {ma / mp_:9.2f}", flush=True)
+            print(f"{name:26s} {t * r:3d} {a:13.2f} {p:13.2f} {a / p:6.2f} {a * flop / 1e12:10.3f} "
+                  f"{p * flop / 1e12:10.3f} {ma:11.0f} {mp_:11.0f} {ma / mp_:9.2f}", flush=True)
         print(f"PyTorch {version}; {args.precision}; --isa {args.isa}; {args.rounds} rounds, median of "
               f"{args.steps} steps after {args.warmup} warm-up each")
 

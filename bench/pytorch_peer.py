@@ -11,9 +11,11 @@ bfloat16 on either device (dptrain's --precision bf16 rounds the same convolutio
     python bench/pytorch_peer.py --world 1 --threads 2 --divisor 8 --size 128 --batch 8
     python bench/pytorch_peer.py --device cuda --divisor 1 --size 448 --batch 16 --steps 20
 
-Data are random tensors made once (no loader). Prints one JSON line: the median step time of the
-timed steps (after --warmup), img/s over all ranks, the summed peak RSS of the processes and, on
-a GPU, the peak device memory PyTorch allocated.
+--size is S (square) or HxW. Data are random tensors made once (no loader). Prints one JSON line:
+the median step time of the timed steps (after --warmup), img/s over all ranks, the summed peak
+RSS of the processes, a training step's convolution FLOPs per image (train_flop_per_image: 3 x the
+forward convolutions' 2 x multiply-adds, for the forward, data-gradient and weight-gradient
+passes) and, on a GPU, the peak device memory PyTorch allocated.
 """
 import argparse
 import contextlib
@@ -42,6 +44,34 @@ def peak_rss_bytes():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def parse_size(text):
+    """(H, W) from "S" or "HxW"."""
+    h, _, w = text.partition("x")
+    return int(h), int(w or h)
+
+
+def train_flop_per_image(model, height, width):
+    """3 x 2 x the multiply-adds of one image's forward convolutions (forward, data gradient and
+    weight gradient passes of the same size): the FLOP count both sides' TFLOP/s divide by."""
+    macs = []
+
+    def hook(m, inp, out):
+        k = m.kernel_size[0] * m.kernel_size[1] // m.groups
+        if isinstance(m, nn.ConvTranspose2d):
+            macs.append(inp[0].numel() * m.out_channels * k)
+        else:
+            macs.append(out.numel() * m.in_channels * k)
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d))]
+    with torch.no_grad():
+        model.eval()(torch.zeros(1, 3, height, width))
+    model.train()
+    for h in handles:
+        h.remove()
+    return 3 * 2 * sum(macs)
+
+
 def worker(rank, args, init_file, results):
     torch.set_num_threads(args.threads)
     if args.pin:
@@ -55,6 +85,8 @@ def worker(rank, args, init_file, results):
     device = torch.device(args.device)
     layout = torch.channels_last if cuda else torch.contiguous_format
     model = models.make(args.model, width_divisor=args.divisor, is_deconv=args.deconv)
+    height, width = parse_size(args.size)
+    flop = train_flop_per_image(model, height, width)
     model = model.to(device, memory_format=layout)
     if args.world > 1:
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
@@ -63,8 +95,8 @@ def worker(rank, args, init_file, results):
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     loss_fn = nn.BCEWithLogitsLoss()
     g = torch.Generator().manual_seed(args.seed + rank)
-    x = torch.randn(args.batch, 3, args.size, args.size, generator=g)
-    y = (torch.rand(args.batch, 1, args.size, args.size, generator=g) < 0.1).float()
+    x = torch.randn(args.batch, 3, height, width, generator=g)
+    y = (torch.rand(args.batch, 1, height, width, generator=g) < 0.1).float()
     x, y = x.to(device).contiguous(memory_format=layout), y.to(device)
     bf16 = args.precision == "bf16"
     times = []
@@ -89,7 +121,7 @@ def worker(rank, args, init_file, results):
         if i >= args.warmup:
             times.append(time.perf_counter() - t0)
     peak_device = torch.cuda.max_memory_allocated() if cuda else 0
-    results[rank] = (sorted(times)[len(times) // 2], peak_rss_bytes(), peak_device)
+    results[rank] = (sorted(times)[len(times) // 2], peak_rss_bytes(), peak_device, flop)
     if args.world > 1:
         dist.destroy_process_group()
 
@@ -99,7 +131,7 @@ def main():
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--divisor", type=int, default=8)
-    ap.add_argument("--size", type=int, default=128)
+    ap.add_argument("--size", default="128", help="S (square) or HxW")
     ap.add_argument("--batch", type=int, default=8, help="per process")
     ap.add_argument("--steps", type=int, default=7)
     ap.add_argument("--warmup", type=int, default=3)
@@ -127,19 +159,20 @@ def main():
             results = manager.dict()
             mp.spawn(worker, args=(args, os.path.join(tmp, "init"), results), nprocs=args.world)
             results = dict(results)
-    step = max(t for t, _, _ in results.values())  # the slowest rank sets the pace
+    step = max(r[0] for r in results.values())  # the slowest rank sets the pace
     out = {"impl": "pytorch", "torch": torch.__version__, "device": args.device,
            "model": args.model, "deconv": args.deconv, "width_divisor": args.divisor,
            "size": args.size, "batch": args.batch, "precision": args.precision,
            "step_seconds": step, "img_per_s": args.batch * args.world / step,
-           "peak_rss_bytes": sum(r for _, r, _ in results.values())}
+           "peak_rss_bytes": sum(r[1] for r in results.values()),
+           "train_flop_per_image": results[0][3]}
     # ATen's own kernels' ISA, as this process runs them (ATEN_CPU_CAPABILITY caps it).
     out["aten_cpu_capability"] = next(
         (l.split(":", 1)[1].strip() for l in torch.__config__.show().splitlines()
          if "CPU capability usage" in l), "?")
     if args.device == "cuda":
         out["gpu"] = torch.cuda.get_device_name(0)
-        out["peak_device_bytes"] = max(d for _, _, d in results.values())
+        out["peak_device_bytes"] = max(r[2] for r in results.values())
     print(json.dumps(out))
 
 
