@@ -283,14 +283,19 @@ std::vector<std::string> split_stems(const std::string& path, const std::string&
   return stems;
 }
 
-TEST(Build, PairsByStemSplitsStratifiedAndWritesStatistics) {
-  test::TempDir dir;
+// 20 image/mask pairs of 40x32 (WxH), img000 .. img019, 6 of them without cracks.
+void write_twenty_pairs(const test::TempDir& dir) {
   test::PairFolderOptions o;
   o.count = 20;
   o.negatives = 6;
   o.width = 40;
   o.height = 32;
   test::write_pairs(dir.path(), o);
+}
+
+TEST(Build, PairsByStemSplitsStratifiedAndWritesStatistics) {
+  test::TempDir dir;
+  write_twenty_pairs(dir);
   // Extensions in other letter cases and spellings pair by stem all the same.
   fs::rename(dir.file("images/img000.jpg"), dir.file("images/img000.JPG"));
   fs::rename(dir.file("images/img001.jpg"), dir.file("images/img001.jpeg"));
@@ -350,12 +355,7 @@ TEST(Build, PairsByStemSplitsStratifiedAndWritesStatistics) {
 
 TEST(Build, GroupByKeepsEachPhotographsCropsOnOneSide) {
   test::TempDir dir;
-  test::PairFolderOptions o;
-  o.count = 20;
-  o.negatives = 6;
-  o.width = 40;
-  o.height = 32;
-  test::write_pairs(dir.path(), o);
+  write_twenty_pairs(dir);
   // Crops of five photographs, named as DeepCrack names them: photoK-1 .. photoK-4.
   std::map<std::string, std::string> photo_of;
   for (const auto& e : fs::directory_iterator(dir.file("images"))) {
