@@ -75,17 +75,22 @@ std::vector<int> parse_preempt_signals(const std::vector<std::string>& names) {
   return signals;
 }
 
-std::vector<int> preempt_signals_in_argv(int argc, const char* const* argv) {
-  const std::string option = "--preempt-signal";
-  std::vector<std::string> names;
+std::vector<std::string> option_values_in_argv(int argc, const char* const* argv,
+                                               const std::string& option) {
+  std::vector<std::string> values;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == option && i + 1 < argc) {
-      names.push_back(argv[++i]);
+      values.push_back(argv[++i]);
     } else if (a.rfind(option + "=", 0) == 0) {
-      names.push_back(a.substr(option.size() + 1));
+      values.push_back(a.substr(option.size() + 1));
     }
   }
+  return values;
+}
+
+std::vector<int> preempt_signals_in_argv(int argc, const char* const* argv) {
+  const std::vector<std::string> names = option_values_in_argv(argc, argv, "--preempt-signal");
   try {
     if (!names.empty()) return parse_preempt_signals(names);
   } catch (const UsageError&) {

@@ -16,6 +16,10 @@ std::vector<std::string> default_preempt_signal_names();
 // Signal numbers of names as --preempt-signal takes them (TERM, USR1, USR2, HUP, INT, QUIT,
 // XCPU, ALRM; "SIG" prefix and case optional; repeats ignored). Anything else is a UsageError.
 std::vector<int> parse_preempt_signals(const std::vector<std::string>& names);
+// The values of `option` in argv ("--option X" and "--option=X", every occurrence, in order),
+// read before the options are parsed.
+std::vector<std::string> option_values_in_argv(int argc, const char* const* argv,
+                                               const std::string& option);
 // The signals that argv's --preempt-signal options name (both "--preempt-signal X" and
 // "--preempt-signal=X", every occurrence), or the default when it names none or a bad one (the
 // option parser reports that later): for the handlers installed before MPI start-up.
