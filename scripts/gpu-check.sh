@@ -6,12 +6,13 @@
 # Environment (all optional): JOBS (build jobs; default nproc), DP_BUILD_DIR (default
 # build/cuda-release), DP_CUDA_ARCH (default: this GPU's compute capability, e.g. 90, so device
 # code is compiled once; "preset" keeps the preset's 90;80), SIZE=448 BATCH=16 STEPS=20 WARMUP=5
-# (the benchmark), STEP_TIMEOUT=600 (seconds allowed to each test, run and benchmark), PYTHON (a
-# Python whose PyTorch sees the GPU: then PyTorch runs beside dptrain through bench/compare_gpu.sh;
-# default python3 when it has CUDA PyTorch), DP_SKIP_DEPS=1 (do not run scripts/install-deps.sh,
-# e.g. offline), DP_PREBUILT=1 (use the binaries already in DP_BUILD_DIR, e.g. a folder made by
-# scripts/gpu-bundle.sh on a machine that has the dependencies; implies DP_SKIP_DEPS=1),
-# DPTRAIN_ARGS (more dptrain options for the end-to-end runs, e.g. "--max-steps 6").
+# DIVISOR=1 (the benchmark: UNet16 at width / DIVISOR), STEP_TIMEOUT=600 (seconds allowed to each
+# test, run and benchmark), PYTHON (a Python whose PyTorch sees the GPU: then PyTorch runs beside
+# dptrain through bench/compare_gpu.sh; default python3 when it has CUDA PyTorch), DP_SKIP_DEPS=1
+# (do not run scripts/install-deps.sh, e.g. offline), DP_PREBUILT=1 (use the binaries already in
+# DP_BUILD_DIR, e.g. a folder made by scripts/gpu-bundle.sh on a machine that has the
+# dependencies; implies DP_SKIP_DEPS=1), DPTRAIN_ARGS (more dptrain options for the end-to-end
+# runs, e.g. "--max-steps 6").
 # tests/emu/rehearse_gpu_check.sh runs this script on the CPU emulation of the CUDA backend.
 #
 # 1. A GPU must be visible (nvidia-smi, CUDA_VISIBLE_DEVICES), else exit 1 before building.
@@ -36,6 +37,7 @@ SIZE=${SIZE:-448}
 BATCH=${BATCH:-16}
 STEPS=${STEPS:-20}
 WARMUP=${WARMUP:-5}
+DIVISOR=${DIVISOR:-1}
 STEP_TIMEOUT=${STEP_TIMEOUT:-600}
 read -ra dptrain_extra <<<"${DPTRAIN_ARGS:-}"
 START=$SECONDS
@@ -268,16 +270,16 @@ json_number() { sed -n "s/.*\"$2\": *\([-0-9.eE+]*\).*/\1/p" <<<"$1"; }
 benchmark() {
   local precision=$1 log="$LOGS/bench-$1.log" label
   [[ "$precision" == fp32 ]] && label="fp32 (TF32 on)" || label=$precision
-  say "benchmark: unet16 ${SIZE}x${SIZE} batch $BATCH $label"
+  say "benchmark: unet16 /$DIVISOR ${SIZE}x${SIZE} batch $BATCH $label"
   local ok=1
   if ((have_torch)); then
-    PYTHON=$PYTHON MODEL=unet16 DIVISOR=1 SIZE=$SIZE BATCH=$BATCH STEPS=$STEPS WARMUP=$WARMUP \
+    PYTHON=$PYTHON MODEL=unet16 DIVISOR=$DIVISOR SIZE=$SIZE BATCH=$BATCH STEPS=$STEPS WARMUP=$WARMUP \
       PRECISION=$precision timeout "$STEP_TIMEOUT" bash bench/compare_gpu.sh "$BUILD" >"$log" 2>&1 || ok=0
   else
     local extra=()
     [[ "$precision" != fp32 ]] && extra=(--precision "$precision")
-    timeout "$STEP_TIMEOUT" "$BENCH" --model unet16 --size "$SIZE" --batch "$BATCH" --steps "$STEPS" \
-      --warmup "$WARMUP" "${extra[@]}" >"$log" 2>&1 || ok=0
+    timeout "$STEP_TIMEOUT" "$BENCH" --model unet16 --width-divisor "$DIVISOR" --size "$SIZE" \
+      --batch "$BATCH" --steps "$STEPS" --warmup "$WARMUP" "${extra[@]}" >"$log" 2>&1 || ok=0
   fi
   local dp pt ratio
   dp=$(grep '"impl": "dptrain"' "$log" | tail -n 1)
@@ -301,7 +303,7 @@ benchmark() {
   else
     line+="; PyTorch: not run (no CUDA PyTorch for $PYTHON)"
   fi
-  summary+=("unet16 ${SIZE}x${SIZE} batch $BATCH $label: dptrain $line")
+  summary+=("unet16 /$DIVISOR ${SIZE}x${SIZE} batch $BATCH $label: dptrain $line")
 }
 
 benchmark fp32

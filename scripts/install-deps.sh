@@ -4,6 +4,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  ccache  # one compile of the sources the presets share (scripts/test.sh builds three)
   openmpi-bin libopenmpi-dev
   mpich libmpich-dev  # the second MPI (preset mpich): the ABI of Cray MPICH, Intel MPI, MVAPICH
   libhdf5-dev hdf5-tools zlib1g-dev
