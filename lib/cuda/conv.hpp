@@ -91,7 +91,7 @@ class ConvEngine {
   bool runs_in_bf16(const ConvDesc& d);
   bool runs_in_bf16(const DeconvDesc& d);
 
-  struct Plan;  // conv.cpp
+  struct Plan;  // conv_plan.hpp
 
  private:
   // n, h, w, cin, cout, kernel, stride, pad (a plan does not depend on bias or ReLU).
@@ -104,10 +104,6 @@ class ConvEngine {
   // or with `data_pass_on_use` all but backward-data, which a convolution whose input needs no
   // gradient never runs: probed by conv_backward when first asked for it).
   void build(Plan& p, bool data_pass_on_use);
-  // Chooses a bf16 plan's algorithms for `passes`, in order, on scratch bf16 operands allocated
-  // once; at the first pass for which cuDNN has none (for a reason other than memory), logs it and
-  // makes the plan a widened fp32 one. False when it did.
-  bool keep_bf16(Plan& p, std::initializer_list<int> passes);
 
   // The passes, on operands of the plan's type: the activations themselves, or (widened plan)
   // the fp32 regions that operand() / result() hand out. Weights and the filter gradient are
@@ -150,6 +146,11 @@ class ConvEngine {
   // The filter as the pass reads it (after ensure): `w` itself, its KRSC copy (made now) for a
   // KRSC pass, or (bf16) its bf16 copy in the pass's layout.
   const void* filter_for(Plan& p, int pass, const float* w);
+  // ---- Algorithm choice (conv_search.cpp) ----
+  // Chooses a bf16 plan's algorithms for `passes`, in order, on scratch bf16 operands allocated
+  // once; at the first pass for which cuDNN has none (for a reason other than memory), logs it and
+  // makes the plan a widened fp32 one. False when it did.
+  bool keep_bf16(Plan& p, std::initializer_list<int> passes);
   // Chooses the pass's algorithm on its first use (x, w, y: the call's buffers; the pass's output
   // among them is overwritten). try_ensure: false, with the reasons in p.why, when cuDNN offers
   // none; ensure throws dp::Error then.
