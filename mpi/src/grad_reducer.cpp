@@ -101,9 +101,7 @@ class MpiGradReducer final : public GradReducer {
 
   void begin() override {
     const std::lock_guard lock(mutex_);
-    DP_CHECK(!active_, "GradReducer::begin() twice without wait()");
-    plan_.reset();
-    active_ = true;
+    plan_.begin_pass();
   }
 
   void grad_ready(const ParamView& param) override {
@@ -111,8 +109,7 @@ class MpiGradReducer final : public GradReducer {
     {
       const std::lock_guard lock(mutex_);
       rethrow_poller_error();
-      DP_CHECK(active_, "GradReducer: gradient of '", param.name, "' reported outside begin/wait");
-      const auto [first, last] = plan_.mark_ready(param);
+      const auto [first, last] = plan_.ready(param);
       if (options_.overlap)
         for (int b = first; b < last; ++b) issue(b);
       issued = first < last;
@@ -124,10 +121,7 @@ class MpiGradReducer final : public GradReducer {
   void wait() override {
     const std::lock_guard lock(mutex_);  // the poller sleeps until the next step's transfers
     rethrow_poller_error();
-    DP_CHECK(active_, "GradReducer::wait() without begin()");
-    active_ = false;
-    DP_CHECK(plan_.all_released(), "GradReducer: backward never reported the gradient of '",
-             plan_.first_missing(), "' (every layer must call GradListener::grad_ready)");
+    plan_.end_pass();
     if (!options_.overlap)
       for (int b = 0; b < static_cast<int>(plan_.buckets().size()); ++b) issue(b);
     if (ring_) ring_->wait();
@@ -177,7 +171,7 @@ class MpiGradReducer final : public GradReducer {
     const auto interval = std::chrono::microseconds(options_.progress_us);
     std::unique_lock lock(mutex_);
     while (!stop_) {
-      if (!active_ || !in_flight() || poller_error_) {
+      if (!plan_.in_pass() || !in_flight() || poller_error_) {
         wake_.wait(lock);
         continue;
       }
@@ -201,7 +195,6 @@ class MpiGradReducer final : public GradReducer {
   ReducerOptions options_;
   std::unique_ptr<RingAllreduce> ring_;  // ReduceAlgorithm::kRing
   std::vector<MPI_Request> requests_;    // ReduceAlgorithm::kIallreduce: pieces in flight
-  bool active_ = false;                  // between begin() and wait()
   std::mutex mutex_;
   std::condition_variable wake_;  // the poller: pieces were issued, or stop
   bool stop_ = false;
@@ -219,20 +212,10 @@ class PlainGradReducer final : public GradReducer {
         size_(params.arena_size()),
         plan_(params, options.first_bucket_mib, options.bucket_mib) {}
 
-  void begin() override {
-    DP_CHECK(!active_, "GradReducer::begin() twice without wait()");
-    plan_.reset();
-    active_ = true;
-  }
-  void grad_ready(const ParamView& param) override {
-    DP_CHECK(active_, "GradReducer: gradient of '", param.name, "' reported outside begin/wait");
-    plan_.mark_ready(param);
-  }
+  void begin() override { plan_.begin_pass(); }
+  void grad_ready(const ParamView& param) override { plan_.ready(param); }
   void wait() override {
-    DP_CHECK(active_, "GradReducer::wait() without begin()");
-    active_ = false;
-    DP_CHECK(plan_.all_released(), "GradReducer: backward never reported the gradient of '",
-             plan_.first_missing(), "' (every layer must call GradListener::grad_ready)");
+    plan_.end_pass();
     comm_.allreduce_sum(grads_, static_cast<size_t>(size_));
   }
   const std::vector<Bucket>& buckets() const override { return plan_.buckets(); }
@@ -246,7 +229,6 @@ class PlainGradReducer final : public GradReducer {
   float* grads_;
   int64_t size_;
   BucketPlan plan_;
-  bool active_ = false;
 };
 
 }  // namespace
@@ -316,6 +298,24 @@ std::string BucketPlan::first_missing() const {
   for (size_t i = 0; i < slots_.size(); ++i)
     if (!reported_[i]) return slots_[i].view->name;
   return {};
+}
+
+void BucketPlan::begin_pass() {
+  DP_CHECK(!in_pass_, "GradReducer::begin() twice without wait()");
+  reset();
+  in_pass_ = true;
+}
+
+std::pair<int, int> BucketPlan::ready(const ParamView& param) {
+  DP_CHECK(in_pass_, "GradReducer: gradient of '", param.name, "' reported outside begin/wait");
+  return mark_ready(param);
+}
+
+void BucketPlan::end_pass() {
+  DP_CHECK(in_pass_, "GradReducer::wait() without begin()");
+  in_pass_ = false;
+  DP_CHECK(all_released(), "GradReducer: backward never reported the gradient of '",
+           first_missing(), "' (every layer must call GradListener::grad_ready)");
 }
 
 std::unique_ptr<GradReducer> make_grad_reducer(Comm& comm, const ParamStore& params,

@@ -28,23 +28,15 @@ class NcclGradReducer final : public GradReducer {
              "NCCL reducer: no device gradient arena");
   }
 
-  void begin() override {
-    DP_CHECK(!active_, "GradReducer::begin() twice without wait()");
-    plan_.reset();
-    active_ = true;
-  }
+  void begin() override { plan_.begin_pass(); }
 
   void grad_ready(const ParamView& param) override {
-    DP_CHECK(active_, "GradReducer: gradient of '", param.name, "' reported outside begin/wait");
-    const auto [first, last] = plan_.mark_ready(param);
+    const auto [first, last] = plan_.ready(param);
     if (options_.overlap) issue(first, last);
   }
 
   void wait() override {
-    DP_CHECK(active_, "GradReducer::wait() without begin()");
-    active_ = false;
-    DP_CHECK(plan_.all_released(), "GradReducer: backward never reported the gradient of '",
-             plan_.first_missing(), "' (every layer must call GradListener::grad_ready)");
+    plan_.end_pass();
     if (!options_.overlap) issue(0, static_cast<int>(plan_.buckets().size()));
     done_.record(stream_.get());
     while (!done_.query()) {
@@ -89,7 +81,6 @@ class NcclGradReducer final : public GradReducer {
   cuda::Event ready_, done_;
   BucketPlan plan_;
   ReducerOptions options_;
-  bool active_ = false;
 };
 
 }  // namespace

@@ -71,6 +71,15 @@ class BucketPlan {
   // The first parameter (in arena order) not reported since reset(), for error messages.
   std::string first_missing() const;
 
+  // One backward pass as every reducer runs it (GradReducer::begin, grad_ready, wait), checked
+  // here: begin_pass() resets (not twice without end_pass()); ready() marks a parameter between
+  // them and returns the buckets released; end_pass() closes the pass once backward has reported
+  // every parameter. Each throws dp::Error naming the misuse.
+  void begin_pass();
+  std::pair<int, int> ready(const ParamView& param);
+  void end_pass();
+  bool in_pass() const { return in_pass_; }
+
  private:
   struct Slot {
     const ParamView* view = nullptr;
@@ -83,6 +92,7 @@ class BucketPlan {
   std::vector<int> pending_;             // per bucket: overlapping parameters not yet ready
   std::vector<unsigned char> reported_;  // per slot, in this pass
   int next_ = 0;                         // first bucket not released
+  bool in_pass_ = false;                 // between begin_pass() and end_pass()
 };
 
 // Fed by Model::backward (GradListener); gradients end up summed over ranks, in place.
