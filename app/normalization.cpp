@@ -1,6 +1,7 @@
 // Input normalisation of a trained model: recorded in checkpoint options, recovered for inference.
 #include "normalization.hpp"
 
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -99,6 +100,19 @@ Normalization normalization_from_options(const std::string& options,
          "' was trained with --normalize dataset but does not record the statistics, and its "
          "dataset '",
          path, "' cannot supply them: ", e.what());
+  }
+  return n;
+}
+
+Normalization normalization_of(const CheckpointMeta& meta, const std::string& checkpoint) {
+  if (meta.normalize_mean.empty()) return normalization_from_options(meta.options, checkpoint);
+  Normalization n;
+  for (size_t c = 0; c < n.mean.size(); ++c) {
+    n.mean[c] = float(meta.normalize_mean[c]);
+    n.std[c] = float(meta.normalize_std[c]);
+    DP_CHECK(std::isfinite(n.mean[c]) && std::isfinite(n.std[c]) && n.std[c] > 0, "checkpoint '",
+             checkpoint, "': ", kStdKey, " must be positive and ", kMeanKey,
+             " finite, got mean ", n.mean[c], " and std ", n.std[c], " for channel ", c);
   }
   return n;
 }

@@ -5,6 +5,8 @@
 #include <map>
 #include <string>
 
+#include "dp/checkpoint.hpp"
+
 namespace dp::app {
 
 // Per-channel input normalisation as the training Loader applies it: (v / 255 - mean) / std.
@@ -28,5 +30,9 @@ std::map<std::string, std::string> parse_option_lines(const std::string& text);
 // dataset` in a checkpoint written before the statistics were recorded), the mean/std attributes
 // of the dataset it names. Throws dp::Error naming the checkpoint when none can be found.
 Normalization normalization_from_options(const std::string& options, const std::string& checkpoint);
+
+// The normalisation of a checkpoint whose attributes are `meta`: its normalize_mean and
+// normalize_std attributes; in files written before them, normalization_from_options(meta.options).
+Normalization normalization_of(const CheckpointMeta& meta, const std::string& checkpoint);
 
 }  // namespace dp::app

@@ -221,13 +221,17 @@ def checkpoint_state(path, raw_weights):
     deconv = bool(int(attrs.get("deconv", 0)))
     model = models.make(name, width_divisor=d, is_deconv=deconv)
     sd = to_state_dict(model, name, tensors, step=int(attrs.get("step", 0)))
-    mean, std = normalization(str(attrs.get("options", "")), path)
+    mean, std = normalization(attrs)
     return model, sd, mean, std
 
 
-def normalization(options, checkpoint):
-    """The checkpoint's input statistics, as dp::app::normalization_from_options."""
+def normalization(attrs):
+    """The checkpoint's input statistics, as dp::app::normalization_of."""
     import h5py
+    if "normalize_mean" in attrs and "normalize_std" in attrs:
+        return ([float(v) for v in attrs["normalize_mean"]],
+                [float(v) for v in attrs["normalize_std"]])
+    options = str(attrs.get("options", ""))
     o = {}
     for line in options.splitlines():
         if " = " in line:

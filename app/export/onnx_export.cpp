@@ -149,7 +149,7 @@ LoadedModel load(const std::string& checkpoint, bool raw_weights) {
            "' does not exist or is not a file");
   LoadedModel m;
   m.meta = read_checkpoint_meta(checkpoint);
-  m.normalization = normalization_from_options(m.meta.options, checkpoint);
+  m.normalization = normalization_of(m.meta, checkpoint);
   ModelConfig mc;
   mc.name = m.meta.model;
   mc.width_divisor = int(m.meta.width_divisor);

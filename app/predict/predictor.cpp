@@ -18,7 +18,7 @@ Predictor::Predictor(const std::string& checkpoint, const PredictorOptions& opti
   DP_CHECK(std::filesystem::is_regular_file(checkpoint), "checkpoint '", checkpoint,
            "' does not exist or is not a file");
   meta_ = read_checkpoint_meta(checkpoint);
-  normalization_ = normalization_from_options(meta_.options, checkpoint);
+  normalization_ = normalization_of(meta_, checkpoint);
   tile_height_ = options.tile_height > 0 ? options.tile_height : int(meta_.height);
   tile_width_ = options.tile_width > 0 ? options.tile_width : int(meta_.width);
   if (tile_height_ <= 0 || tile_width_ <= 0)

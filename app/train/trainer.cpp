@@ -569,9 +569,12 @@ void Trainer::stamp_state(float lr) {
   state_.global_batch = int64_t(opt_.batch_size) * comm_.size();
   state_.seed = int64_t(opt_.seed);
   state_.lr = lr;
-  // With the input statistics, so that dppredict normalises exactly as training did.
-  state_.options =
-      opt_.describe() + describe_normalization({train_loader_->mean(), train_loader_->std()});
+  // The input statistics, so that dppredict and dpexport normalise exactly as training did (also
+  // in the options text, which older readers parse).
+  const Normalization norm{train_loader_->mean(), train_loader_->std()};
+  state_.normalize_mean.assign(norm.mean.begin(), norm.mean.end());
+  state_.normalize_std.assign(norm.std.begin(), norm.std.end());
+  state_.options = opt_.describe() + describe_normalization(norm);
 }
 
 std::optional<mpi::StallWatchdog::Scope> Trainer::watch(const char* collective) {

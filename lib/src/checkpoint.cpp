@@ -92,6 +92,10 @@ void write_meta(h5::Location& root, const CheckpointMeta& m) {
   root.set_attr("best_valid_loss", m.best_valid_loss);
   root.set_attr("best_epoch", m.best_epoch);
   root.set_attr("options", m.options);
+  if (!m.normalize_mean.empty()) {
+    root.set_attr("normalize_mean", m.normalize_mean);
+    root.set_attr("normalize_std", m.normalize_std);
+  }
   root.set_attr("history_train_loss", m.train_loss);
   root.set_attr("history_valid_loss", m.valid_loss);
   root.set_attr("history_valid_iou", m.valid_iou);
@@ -142,6 +146,13 @@ CheckpointMeta read_meta(const h5::Location& root) {
   m.best_valid_loss = root.attr_double("best_valid_loss");
   m.best_epoch = root.attr_int("best_epoch");
   m.options = root.attr_string("options");
+  if (root.has_attr("normalize_mean") && root.has_attr("normalize_std")) {
+    m.normalize_mean = root.attr_doubles("normalize_mean");
+    m.normalize_std = root.attr_doubles("normalize_std");
+    DP_CHECK(m.normalize_mean.size() == 3 && m.normalize_std.size() == 3, "checkpoint '",
+             root.name(), "': normalize_mean and normalize_std hold ", m.normalize_mean.size(),
+             " and ", m.normalize_std.size(), " values, expected 3 each (RGB)");
+  }
   m.train_loss = root.attr_doubles("history_train_loss");
   m.valid_loss = root.attr_doubles("history_valid_loss");
   m.valid_iou = root.attr_doubles("history_valid_iou");

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "dp/checkpoint.hpp"
+#include "dp/dataset.hpp"
 #include "dp/image_io.hpp"
 #include "prep_util.hpp"
 #include "test_util.hpp"
@@ -117,6 +119,15 @@ TEST_F(DataCli, JpegPngFoldersThroughBuildInfoAndTrainingOnTwoRanks) {
   EXPECT_TRUE(contains(r.output, "12 train, 4 val images of 64x64")) << r.output;
   EXPECT_TRUE(contains(r.output, "2 worker(s)") && contains(r.output, "cache")) << r.output;
   EXPECT_TRUE(fs::exists(dir_.file("run/model_epoch_1.h5")));
+  // The checkpoint records the dataset's statistics, which training used, as typed attributes.
+  const CheckpointMeta meta = read_checkpoint_meta(dir_.file("run/model_epoch_1.h5"));
+  const data::Dataset ds(dir_.file("out.h5"), "train");
+  ASSERT_EQ(meta.normalize_mean.size(), 3u);
+  ASSERT_EQ(meta.normalize_std.size(), 3u);
+  for (size_t c = 0; c < 3; ++c) {
+    EXPECT_EQ(float(meta.normalize_mean[c]), ds.mean()[c]) << c;
+    EXPECT_EQ(float(meta.normalize_std[c]), ds.std()[c]) << c;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

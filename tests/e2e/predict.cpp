@@ -274,6 +274,28 @@ TEST(Normalization, RecordedStatisticsRoundTripExactly) {
   }
 }
 
+// A checkpoint's typed normalize_mean / normalize_std attributes win over its options text, which
+// only files written before them are read by.
+TEST(Normalization, TypedAttributesFirstThenTheOptionsText) {
+  CheckpointMeta meta;
+  meta.options = "normalize = imagenet\n";
+  EXPECT_EQ(app::normalization_of(meta, "c.h5").mean, data::kImagenetMean);
+  meta.normalize_mean = {0.25, 0.5, 0.75};
+  meta.normalize_std = {0.5, 0.25, 0.125};
+  const Normalization n = app::normalization_of(meta, "c.h5");
+  EXPECT_EQ(n.mean, (std::array<float, 3>{0.25f, 0.5f, 0.75f}));
+  EXPECT_EQ(n.std, (std::array<float, 3>{0.5f, 0.25f, 0.125f}));
+  meta.normalize_std[1] = 0;
+  try {
+    app::normalization_of(meta, "c.h5");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("checkpoint 'c.h5': normalize_std must be positive"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // With a model trained for one epoch by dptrain
 

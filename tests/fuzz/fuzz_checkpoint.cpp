@@ -45,7 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   dp::fuzz::expect_errors([&] {
     // dppredict: metadata, the input normalisation it records, the model, weights and buffers.
     const dp::CheckpointMeta meta = dp::read_checkpoint_meta(path);
-    dp::app::normalization_from_options(meta.options, path);
+    dp::app::normalization_of(meta, path);
     dp::Model& model = model_for(meta);
     dp::load_checkpoint(path, model.params(), nullptr, &model.buffers());
     // A resume: the optimiser state arenas the file lists (SGD's or AdamW's names).

@@ -82,6 +82,24 @@ TEST(Checkpoint, RoundTripIsExact) {
   EXPECT_EQ(m.epoch_seconds, e.epoch_seconds);
 }
 
+// The input statistics are typed attributes (3 values each), absent from files written before.
+TEST(Checkpoint, NormalizationStatisticsRoundTrip) {
+  test::TempDir dir;
+  Fixture a;
+  CheckpointMeta meta = sample_meta();
+  meta.normalize_mean = {0.123456789, 0.5, 1.0 / 3};
+  meta.normalize_std = {0.2, 0.0039215689, 0.7};
+  save_checkpoint(dir.file("typed.h5"), a.model->params(), nullptr, meta);
+  const CheckpointMeta m = read_checkpoint_meta(dir.file("typed.h5"));
+  EXPECT_EQ(m.normalize_mean, meta.normalize_mean);
+  EXPECT_EQ(m.normalize_std, meta.normalize_std);
+  save_checkpoint(dir.file("untyped.h5"), a.model->params(), nullptr, sample_meta());
+  EXPECT_TRUE(read_checkpoint_meta(dir.file("untyped.h5")).normalize_mean.empty());
+  meta.normalize_std.pop_back();
+  save_checkpoint(dir.file("short.h5"), a.model->params(), nullptr, meta);
+  EXPECT_THROW(read_checkpoint_meta(dir.file("short.h5")), Error);
+}
+
 TEST(Checkpoint, BatchNormBuffersRoundTrip) {
   test::TempDir dir;
   auto be = make_cpu_backend();

@@ -37,6 +37,9 @@ struct CheckpointMeta {
       "valid_loss";       // how the best epoch is chosen (valid_loss, iou, dice, ods)
   double best_score = 0;  // that metric's value at the best epoch
   std::string options;    // effective configuration, one "key = value" per line
+  // The input statistics training normalised with, (v / 255 - mean) / std per RGB channel: 3
+  // values each; empty in files written before they were recorded (their `options` text says).
+  std::vector<double> normalize_mean, normalize_std;
   // One entry per completed epoch.
   std::vector<double> train_loss, valid_loss, valid_iou, epoch_seconds;
   // Also one per epoch; NaN for an epoch without validation (--val-every), like valid_loss.
