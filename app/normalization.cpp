@@ -111,8 +111,8 @@ Normalization normalization_of(const CheckpointMeta& meta, const std::string& ch
     n.mean[c] = float(meta.normalize_mean[c]);
     n.std[c] = float(meta.normalize_std[c]);
     DP_CHECK(std::isfinite(n.mean[c]) && std::isfinite(n.std[c]) && n.std[c] > 0, "checkpoint '",
-             checkpoint, "': ", kStdKey, " must be positive and ", kMeanKey,
-             " finite, got mean ", n.mean[c], " and std ", n.std[c], " for channel ", c);
+             checkpoint, "': ", kStdKey, " must be positive and ", kMeanKey, " finite, got mean ",
+             n.mean[c], " and std ", n.std[c], " for channel ", c);
   }
   return n;
 }
