@@ -21,44 +21,53 @@ struct Candidate {
   float ms = -1.0f;  // the search's time; negative where it was not timed
 };
 
-template <typename Perf>
-std::vector<Candidate> candidates(const std::vector<Perf>& perf, int count) {
-  std::vector<Candidate> out;
+// Runs a cuDNN algorithm query `q(capacity, &count, perf)` with room for every algorithm of the
+// pass (`max_count`, cuDNN's *AlgorithmMaxCount); on success its results as candidates in *out.
+template <typename Perf, typename Query>
+cudnnStatus_t query(int max_count, std::vector<Candidate>* out, Query&& q) {
+  std::vector<Perf> perf(size_t(std::max(max_count, 1)));
+  int count = 0;
+  const cudnnStatus_t status = q(int(perf.size()), &count, perf.data());
+  if (status != CUDNN_STATUS_SUCCESS) return status;
+  out->clear();
   for (int i = 0; i < count; ++i) {
-    const Perf& p = perf[size_t(i)];
-    out.push_back(
-        {static_cast<int>(p.algo), p.status, p.memory, p.determinism, p.mathType, p.time});
-  }
-  return out;
-}
-
-cudnnStatus_t heuristics(cudnnHandle_t h, const ConvEngine::Plan& p, const PassState& ps, int pass,
-                         std::vector<Candidate>* out) {
-  int max_count = 0, count = 0;
-  cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
-  if (pass == kForward) {
-    DP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(size_t(std::max(max_count, 1)));
-    status =
-        cudnnGetConvolutionForwardAlgorithm_v7(h, p.x.get(), ps.filter.get(), ps.conv.get(),
-                                               p.y.get(), int(perf.size()), &count, perf.data());
-    if (status == CUDNN_STATUS_SUCCESS) *out = candidates(perf, count);
-  } else if (pass == kBackwardData) {
-    DP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
-    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(size_t(std::max(max_count, 1)));
-    status = cudnnGetConvolutionBackwardDataAlgorithm_v7(h, ps.filter.get(), p.y.get(),
-                                                         ps.conv.get(), p.x.get(), int(perf.size()),
-                                                         &count, perf.data());
-    if (status == CUDNN_STATUS_SUCCESS) *out = candidates(perf, count);
-  } else {
-    DP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
-    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(size_t(std::max(max_count, 1)));
-    status = cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x.get(), p.y.get(), ps.conv.get(),
-                                                           ps.filter.get(), int(perf.size()),
-                                                           &count, perf.data());
-    if (status == CUDNN_STATUS_SUCCESS) *out = candidates(perf, count);
+    const Perf& r = perf[size_t(i)];
+    out->push_back(
+        {static_cast<int>(r.algo), r.status, r.memory, r.determinism, r.mathType, r.time});
   }
   return status;
+}
+
+// The number of algorithms cuDNN has for the pass.
+int max_count(cudnnHandle_t h, int pass) {
+  int n = 0;
+  if (pass == kForward)
+    DP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &n));
+  else if (pass == kBackwardData)
+    DP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &n));
+  else
+    DP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &n));
+  return n;
+}
+
+// The heuristics' algorithms for the pass, in their order (no timing).
+cudnnStatus_t heuristics(cudnnHandle_t h, const ConvEngine::Plan& p, const PassState& ps, int pass,
+                         std::vector<Candidate>* out) {
+  const int n = max_count(h, pass);
+  if (pass == kForward)
+    return query<cudnnConvolutionFwdAlgoPerf_t>(n, out, [&](int cap, int* count, auto* perf) {
+      return cudnnGetConvolutionForwardAlgorithm_v7(h, p.x.get(), ps.filter.get(), ps.conv.get(),
+                                                    p.y.get(), cap, count, perf);
+    });
+  if (pass == kBackwardData)
+    return query<cudnnConvolutionBwdDataAlgoPerf_t>(n, out, [&](int cap, int* count, auto* perf) {
+      return cudnnGetConvolutionBackwardDataAlgorithm_v7(
+          h, ps.filter.get(), p.y.get(), ps.conv.get(), p.x.get(), cap, count, perf);
+    });
+  return query<cudnnConvolutionBwdFilterAlgoPerf_t>(n, out, [&](int cap, int* count, auto* perf) {
+    return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, p.x.get(), p.y.get(), ps.conv.get(),
+                                                         ps.filter.get(), cap, count, perf);
+  });
 }
 
 // Times the algorithms on the call's buffers (x, w, y; the pass's output among them is
@@ -66,31 +75,24 @@ cudnnStatus_t heuristics(cudnnHandle_t h, const ConvEngine::Plan& p, const PassS
 cudnnStatus_t find(cudnnHandle_t h, const ConvEngine::Plan& p, const PassState& ps, int pass,
                    const void* x, const void* w, const void* y, void* ws, size_t ws_bytes,
                    std::vector<Candidate>* out) {
-  int max_count = 0, count = 0;
-  cudnnStatus_t status = CUDNN_STATUS_SUCCESS;
-  if (pass == kForward) {
-    DP_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
-    std::vector<cudnnConvolutionFwdAlgoPerf_t> perf(size_t(std::max(max_count, 1)));
-    status = cudnnFindConvolutionForwardAlgorithmEx(
-        h, p.x.get(), x, ps.filter.get(), w, ps.conv.get(), p.y.get(), const_cast<void*>(y),
-        int(perf.size()), &count, perf.data(), ws, ws_bytes);
-    if (status == CUDNN_STATUS_SUCCESS) *out = candidates(perf, count);
-  } else if (pass == kBackwardData) {
-    DP_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
-    std::vector<cudnnConvolutionBwdDataAlgoPerf_t> perf(size_t(std::max(max_count, 1)));
-    status = cudnnFindConvolutionBackwardDataAlgorithmEx(
-        h, ps.filter.get(), w, p.y.get(), y, ps.conv.get(), p.x.get(), const_cast<void*>(x),
-        int(perf.size()), &count, perf.data(), ws, ws_bytes);
-    if (status == CUDNN_STATUS_SUCCESS) *out = candidates(perf, count);
-  } else {
-    DP_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
-    std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> perf(size_t(std::max(max_count, 1)));
-    status = cudnnFindConvolutionBackwardFilterAlgorithmEx(
-        h, p.x.get(), x, p.y.get(), y, ps.conv.get(), ps.filter.get(), const_cast<void*>(w),
-        int(perf.size()), &count, perf.data(), ws, ws_bytes);
-    if (status == CUDNN_STATUS_SUCCESS) *out = candidates(perf, count);
-  }
-  return status;
+  const int n = max_count(h, pass);
+  if (pass == kForward)
+    return query<cudnnConvolutionFwdAlgoPerf_t>(n, out, [&](int cap, int* count, auto* perf) {
+      return cudnnFindConvolutionForwardAlgorithmEx(h, p.x.get(), x, ps.filter.get(), w,
+                                                    ps.conv.get(), p.y.get(), const_cast<void*>(y),
+                                                    cap, count, perf, ws, ws_bytes);
+    });
+  if (pass == kBackwardData)
+    return query<cudnnConvolutionBwdDataAlgoPerf_t>(n, out, [&](int cap, int* count, auto* perf) {
+      return cudnnFindConvolutionBackwardDataAlgorithmEx(
+          h, ps.filter.get(), w, p.y.get(), y, ps.conv.get(), p.x.get(), const_cast<void*>(x), cap,
+          count, perf, ws, ws_bytes);
+    });
+  return query<cudnnConvolutionBwdFilterAlgoPerf_t>(n, out, [&](int cap, int* count, auto* perf) {
+    return cudnnFindConvolutionBackwardFilterAlgorithmEx(
+        h, p.x.get(), x, p.y.get(), y, ps.conv.get(), ps.filter.get(), const_cast<void*>(w), cap,
+        count, perf, ws, ws_bytes);
+  });
 }
 
 cudnnStatus_t workspace_size(cudnnHandle_t h, const ConvEngine::Plan& p, const PassState& ps,
