@@ -1,4 +1,4 @@
-// Input normalisation of a trained model: recorded in checkpoint options, recovered for inference.
+// Input normalisation of a trained model: its record in checkpoints, recovered for inference.
 #include "normalization.hpp"
 
 #include <cmath>

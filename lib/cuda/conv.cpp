@@ -1,5 +1,4 @@
-// The CUDA backend's cuDNN convolutions: plans, operands and passes (the algorithm choice is in
-// conv_search.cpp).
+// The CUDA backend's cuDNN convolutions: plans, operands and passes (algorithms: conv_search.cpp).
 #include "conv.hpp"
 
 #include <algorithm>

@@ -1,5 +1,4 @@
-// The cuDNN convolution plan (internal to conv.cpp and conv_search.cpp): a shape's descriptors and
-// its passes' chosen algorithms.
+// The cuDNN convolution plan that conv.cpp and conv_search.cpp share: descriptors, algorithms.
 #pragma once
 
 #include <cuda_bf16.h>

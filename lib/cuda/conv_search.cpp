@@ -1,5 +1,4 @@
-// The CUDA backend's cuDNN algorithm choice: heuristics, the timed search, workspace, the KRSC
-// filter and the bf16 probes (ConvEngine's members declared under "Algorithm choice" in conv.hpp).
+// The CUDA backend's cuDNN algorithm choice: heuristics, timed search, KRSC filters, bf16 probes.
 #include <algorithm>
 #include <vector>
 
