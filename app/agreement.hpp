@@ -10,7 +10,6 @@
 
 #include "dp/comm.hpp"
 #include "dp/error.hpp"
-#include "exit_codes.hpp"
 #include "exit_codes.hpp"  // UsageError
 
 namespace dp::app {

@@ -23,7 +23,7 @@
 #include "dp/model.hpp"
 #include "export/onnx.pb.h"
 #include "normalization.hpp"
-#include "predict/run.hpp"
+#include "predict/settings.hpp"
 
 namespace dp::app {
 namespace {

@@ -14,10 +14,6 @@
 
 namespace dp::app {
 
-// The threshold of the validation's ODS F-measure that dptrain recorded for the checkpoint's last
-// epoch (dppredict --threshold ods, dpexport's metadata); NaN if there is none.
-double recorded_ods_threshold(const CheckpointMeta& meta);
-
 // Runs dppredict on this rank's share (inputs i with i % size == rank) and returns the exit code,
 // the same on every rank: 0, or kExitSomeInputsFailed (exit_codes.hpp) when any rank met input
 // files it could not read or decode. Such a file is one input's failure: the rank that meets it

@@ -20,6 +20,7 @@
 #include "normalization.hpp"
 #include "predict/predictor.hpp"
 #include "predict/run.hpp"
+#include "predict/settings.hpp"
 #include "test_util.hpp"
 #include "train/trainer.hpp"
 
