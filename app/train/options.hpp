@@ -1,4 +1,4 @@
-// dptrain's options: the TrainOptions record, its Boost.Program_options parser and validation.
+// dptrain's options: the TrainOptions record and its parser (one table of options, options.cpp).
 #pragma once
 
 #include <cstdint>
@@ -111,7 +111,8 @@ struct TrainOptions {
   int effective_width_divisor() const {
     return width_divisor > 0 ? width_divisor : (synthetic() ? 8 : 1);
   }
-  // "key = value" lines of every effective option (printed at start, stored in checkpoints).
+  // "key = value" lines of every effective option (printed at start, stored in checkpoints), in
+  // the option table's order (options.cpp: each option declared once).
   std::string describe() const;
 };
 

@@ -1,0 +1,228 @@
+// Options declared once: each entry gives the parser, --help with its default, the checks and the
+// "key = value" line of the printed configuration (which checkpoints store).
+#pragma once
+
+#include <boost/program_options.hpp>
+
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "dp/error.hpp"
+#include "exit_codes.hpp"  // UsageError
+
+namespace dp::app {
+
+// A condition on an option's value and what a value that fails it is told: "--NAME <must>, got
+// VALUE" (a word quoted).
+template <class T>
+struct Rule {
+  std::function<bool(const T&)> ok;
+  std::string must;
+};
+
+template <class T>
+Rule<T> at_least(T lowest) {
+  return {[lowest](const T& v) { return v >= lowest; }, str_cat("must be at least ", lowest)};
+}
+// "must be >= 0" and what 0 means, e.g. " (0: off)".
+template <class T>
+Rule<T> non_negative(const std::string& zero = "") {
+  return {[](const T& v) { return v >= 0; }, "must be >= 0" + zero};
+}
+template <class T>
+Rule<T> positive() {
+  return {[](const T& v) { return v > 0; }, "must be positive"};
+}
+// "must be a, b or c".
+inline Rule<std::string> one_of(std::vector<std::string> words) {
+  std::string list;
+  for (size_t i = 0; i < words.size(); ++i)
+    list += (i == 0 ? "" : i + 1 == words.size() ? " or " : ", ") + words[i];
+  return {[words](const std::string& v) {
+            for (const std::string& w : words)
+              if (v == w) return true;
+            return false;
+          },
+          "must be " + list};
+}
+
+// A value as --help's default and the printed configuration show it.
+template <class T>
+std::string option_text(const T& value) {
+  if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+    std::string text;
+    for (const std::string& w : value) text += (text.empty() ? "" : " ") + w;
+    return text;
+  } else {
+    std::ostringstream os;
+    os << value;
+    return os.str();
+  }
+}
+
+template <class Options>
+class OptionTable {
+ public:
+  using po_easy_init_t = boost::program_options::options_description_easy_init;
+  using Show = std::function<std::string(const Options&)>;
+
+  struct Entry {
+    std::string topic;  // --help's heading; "" hides the option from --help
+    std::string name;   // as on the command line, with ",x" for a short alias
+    std::string help;
+    std::string key;  // of the printed configuration; "" where not printed
+    bool shows_default = true;
+    std::string implicit;  // the value of a bare --name (strings), "" for none
+    std::function<void(po_easy_init_t&, Options&, const Entry&)> add;
+    Show show;
+    std::function<void(const Options&)> check;
+
+    // --help shows no default, and an option left out is absent from the parsed variables (its
+    // value stays the member's, or is computed after parsing from the other options).
+    Entry& no_default() {
+      shows_default = false;
+      return *this;
+    }
+    // --name without a value means `value`.
+    Entry& implicit_value(std::string value) {
+      implicit = std::move(value);
+      return *this;
+    }
+    // Printed under `key` as `show` gives it ("" key: not printed).
+    Entry& printed(std::string printed_key, Show printed_show = nullptr) {
+      key = std::move(printed_key);
+      if (printed_show) show = std::move(printed_show);
+      return *this;
+    }
+  };
+
+  // `--name V` sets options.*member, checked by `rules` in order.
+  template <class T>
+  Entry& value(std::string topic, std::string name, T Options::*member, std::string help,
+               std::vector<Rule<T>> rules = {}) {
+    Entry& e = add_entry(std::move(topic), std::move(name), std::move(help));
+    e.show = [member](const Options& o) { return option_text(o.*member); };
+    e.add = [member](po_easy_init_t& init, Options& o, const Entry& self) {
+      auto* v = boost::program_options::value(&(o.*member));
+      if constexpr (std::is_same_v<T, std::vector<std::string>>) {
+        v->composing();
+      } else {
+        if (self.shows_default) v->default_value(o.*member, option_text(o.*member));
+        if constexpr (std::is_same_v<T, std::string>)
+          if (!self.implicit.empty()) v->implicit_value(self.implicit);
+      }
+      init(self.name.c_str(), v, self.help.c_str());
+    };
+    const std::string flag = long_name(e.name);
+    e.check = [member, rules = std::move(rules), flag](const Options& o) {
+      for (const Rule<T>& r : rules)
+        if (!r.ok(o.*member)) {
+          const std::string text = option_text(o.*member);
+          throw UsageError(str_cat("--", flag, " ", r.must, ", got ",
+                                   std::is_same_v<T, std::string> ? "'" + text + "'" : text));
+        }
+    };
+    return e;
+  }
+
+  // A switch: --name sets options.*member.
+  Entry& flag(std::string topic, std::string name, bool Options::*member, std::string help) {
+    Entry& e = add_entry(std::move(topic), std::move(name), std::move(help));
+    e.show = [member](const Options& o) { return option_text(o.*member); };
+    e.add = [member](po_easy_init_t& init, Options& o, const Entry& self) {
+      init(self.name.c_str(), boost::program_options::bool_switch(&(o.*member)), self.help.c_str());
+    };
+    return e;
+  }
+
+  // A switch that turns options.*member off: --no-overlap, printed as "overlap = 0".
+  Entry& negated_flag(std::string topic, std::string name, bool Options::*member,
+                      std::string help) {
+    Entry& e = flag(std::move(topic), std::move(name), member, std::move(help));
+    e.key = e.key.substr(3);  // without "no_"
+    e.add = [member](po_easy_init_t& init, Options& o, const Entry& self) {
+      init(self.name.c_str(),
+           boost::program_options::bool_switch()->notifier([&o, member](bool on) {
+             if (on) o.*member = false;
+           }),
+           self.help.c_str());
+    };
+    return e;
+  }
+
+  // An option only the command line reads (no configuration line, no checks): --help, --config.
+  Entry& command_line(std::string topic, std::string name, std::string help) {
+    Entry& e = add_entry(std::move(topic), std::move(name), std::move(help));
+    e.key.clear();
+    e.add = [](po_easy_init_t& init, Options&, const Entry& self) {
+      init(self.name.c_str(), self.help.c_str());
+    };
+    return e;
+  }
+
+  // The options bound to `o`: --help's topics in the order of their first entry, and every
+  // option (the hidden ones too) for the parser.
+  struct Bound {
+    boost::program_options::options_description visible, all;
+  };
+  Bound bind(Options& o, const std::string& caption) const {
+    std::vector<
+        std::pair<std::string, std::unique_ptr<boost::program_options::options_description>>>
+        topics;
+    for (const Entry& e : entries_) {
+      auto it = topics.begin();
+      while (it != topics.end() && it->first != e.topic) ++it;
+      if (it == topics.end()) {
+        topics.emplace_back(e.topic, std::make_unique<boost::program_options::options_description>(
+                                         e.topic.empty() ? "Hidden" : e.topic));
+        it = topics.end() - 1;
+      }
+      po_easy_init_t init = it->second->add_options();
+      e.add(init, o, e);
+    }
+    Bound b{boost::program_options::options_description(caption), {}};
+    for (const auto& [topic, description] : topics) {
+      if (!topic.empty()) b.visible.add(*description);
+      b.all.add(*description);
+    }
+    return b;
+  }
+
+  // Every entry's checks, in declaration order (UsageError at the first that fails).
+  void check(const Options& o) const {
+    for (const Entry& e : entries_)
+      if (e.check) e.check(o);
+  }
+
+  // "key = value" lines of every printed option, in declaration order.
+  std::string describe(const Options& o) const {
+    std::string text;
+    for (const Entry& e : entries_)
+      if (!e.key.empty()) text += e.key + " = " + e.show(o) + "\n";
+    return text;
+  }
+
+ private:
+  static std::string long_name(const std::string& name) { return name.substr(0, name.find(',')); }
+
+  Entry& add_entry(std::string topic, std::string name, std::string help) {
+    Entry e;
+    e.topic = std::move(topic);
+    e.key = long_name(name);
+    for (char& c : e.key)
+      if (c == '-') c = '_';
+    e.name = std::move(name);
+    e.help = std::move(help);
+    entries_.push_back(std::move(e));
+    return entries_.back();
+  }
+
+  std::vector<Entry> entries_;
+};
+
+}  // namespace dp::app
