@@ -300,24 +300,29 @@ std::function<void()> Device::before_abort() {
   return {};
 }
 
+const Words<CpuConvAlgo>& cpu_conv_words() {
+  static const Words<CpuConvAlgo> words = {{"auto", CpuConvAlgo::kAuto},
+                                           {"direct", CpuConvAlgo::kDirect},
+                                           {"shape", CpuConvAlgo::kShape},
+                                           {"winograd", CpuConvAlgo::kWinograd},
+                                           {"blocked", CpuConvAlgo::kBlocked},
+                                           {"gemm", CpuConvAlgo::kGemm},
+                                           {"gemm-winograd", CpuConvAlgo::kGemmWinograd}};
+  return words;
+}
+
+const Words<Precision>& precision_words() {
+  static const Words<Precision> words = {{"fp32", Precision::kFloat32},
+                                         {"bf16", Precision::kBFloat16}};
+  return words;
+}
+
 CpuConvAlgo parse_cpu_conv(const std::string& value) {
-  if (value == "auto") return CpuConvAlgo::kAuto;
-  if (value == "direct") return CpuConvAlgo::kDirect;
-  if (value == "winograd") return CpuConvAlgo::kWinograd;
-  if (value == "blocked") return CpuConvAlgo::kBlocked;
-  if (value == "gemm") return CpuConvAlgo::kGemm;
-  if (value == "gemm-winograd") return CpuConvAlgo::kGemmWinograd;
-  if (value == "shape") return CpuConvAlgo::kShape;
-  throw UsageError(
-      str_cat("--cpu-conv must be auto, direct, shape, winograd, blocked, gemm or gemm-winograd, "
-              "got '",
-              value, "'"));
+  return value_of(cpu_conv_words(), value, "cpu-conv");
 }
 
 Precision parse_precision(const std::string& value) {
-  if (value == "fp32") return Precision::kFloat32;
-  if (value == "bf16") return Precision::kBFloat16;
-  throw UsageError(str_cat("--precision must be fp32 or bf16, got '", value, "'"));
+  return value_of(precision_words(), value, "precision");
 }
 
 }  // namespace dp::app

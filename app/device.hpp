@@ -13,7 +13,8 @@
 #include "dp/loader.hpp"
 #include "dp/log.hpp"
 #include "dp/params.hpp"
-#include "exit_codes.hpp"  // UsageError
+#include "exit_codes.hpp"
+#include "words.hpp"
 
 namespace dp::app {
 
@@ -125,10 +126,13 @@ class Device {
   std::unique_ptr<Cuda> cuda_;
 };
 
-// --cpu-conv's value (auto, direct, shape, winograd, blocked, gemm or gemm-winograd) as a
-// CpuConvAlgo; UsageError for anything else.
+// --cpu-conv's words (auto, direct, shape, winograd, blocked, gemm, gemm-winograd) and
+// --precision's (fp32, bf16), in --help's order (dptrain, dppredict).
+const Words<CpuConvAlgo>& cpu_conv_words();
+const Words<Precision>& precision_words();
+// --cpu-conv's value as a CpuConvAlgo; UsageError for anything else.
 CpuConvAlgo parse_cpu_conv(const std::string& value);
-// --precision fp32|bf16 (dptrain, dppredict); anything else is a UsageError.
+// --precision's value; UsageError for anything else.
 Precision parse_precision(const std::string& value);
 
 }  // namespace dp::app

@@ -14,16 +14,9 @@
 
 #include "dp/error.hpp"
 #include "exit_codes.hpp"  // UsageError
+#include "words.hpp"
 
 namespace dp::app {
-
-// A condition on an option's value and what a value that fails it is told: "--NAME <must>, got
-// VALUE" (a word quoted).
-template <class T>
-struct Rule {
-  std::function<bool(const T&)> ok;
-  std::string must;
-};
 
 template <class T>
 Rule<T> at_least(T lowest) {
@@ -38,19 +31,6 @@ template <class T>
 Rule<T> positive() {
   return {[](const T& v) { return v > 0; }, "must be positive"};
 }
-// "must be a, b or c".
-inline Rule<std::string> one_of(std::vector<std::string> words) {
-  std::string list;
-  for (size_t i = 0; i < words.size(); ++i)
-    list += (i == 0 ? "" : i + 1 == words.size() ? " or " : ", ") + words[i];
-  return {[words](const std::string& v) {
-            for (const std::string& w : words)
-              if (v == w) return true;
-            return false;
-          },
-          "must be " + list};
-}
-
 // A value as --help's default and the printed configuration show it.
 template <class T>
 std::string option_text(const T& value) {
@@ -126,6 +106,24 @@ class OptionTable {
           throw UsageError(str_cat("--", flag, " ", r.must, ", got ",
                                    std::is_same_v<T, std::string> ? "'" + text + "'" : text));
         }
+    };
+    return e;
+  }
+
+  // An enum option: --name WORD sets options.*member to the value `words` gives WORD.
+  template <class E>
+  Entry& choice(std::string topic, std::string name, E Options::*member, Words<E> words,
+                std::string help) {
+    Entry& e = add_entry(std::move(topic), std::move(name), std::move(help));
+    e.show = [member, words](const Options& o) { return word_of(words, o.*member); };
+    e.add = [member, words](po_easy_init_t& init, Options& o, const Entry& self) {
+      init(self.name.c_str(),
+           boost::program_options::value<std::string>()
+               ->default_value(word_of(words, o.*member))
+               ->notifier([&o, member, words, flag = long_name(self.name)](const std::string& w) {
+                 o.*member = value_of(words, w, flag);
+               }),
+           self.help.c_str());
     };
     return e;
   }

@@ -245,10 +245,10 @@ CheckpointMeta Checkpoints::restore_or_init() {
       model_.buffers().initialize(opt_.seed);
       if (opt_.init_weights.empty())
         log_.info("initial weights: seed ", opt_.seed, ", ",
-                  opt_.weight_init == "he"
+                  opt_.weight_init == ModelConfig::ReluInit::kHe
                       ? "He (N(0, 2/fan_out), zero bias) for the convolutions followed by a ReLU"
                       : "PyTorch's module defaults",
-                  " (--weight-init ", opt_.weight_init, ")");
+                  " (--weight-init ", word_of(weight_init_words(), opt_.weight_init), ")");
       for (const StateArena& a : optim_.state()) {  // a skipped file may have filled them
         HostArena host(ps, a.data);
         std::fill_n(host.data(), host.bytes() / sizeof(float), 0.0f);

@@ -1,4 +1,5 @@
-// dptrain's options declared once (the option table), the parser and the recipe's computed defaults.
+// dptrain's options declared once (the option table), the parser and the recipe's computed
+// defaults.
 #include "train/options.hpp"
 
 #include <boost/program_options.hpp>
@@ -49,13 +50,17 @@ OptionTable<TrainOptions> make_train_option_table() {
           "preparation run in parallel)",
           {{[](int w) { return w >= 1 && w <= kMaxWorkers; },
             str_cat("must be in [1, ", kMaxWorkers, "]")}});
-  t.value(data, "augment", &O::augment,
-          "training augmentation: none, flips (h/v), or full (flips, 90-degree rotations of square "
-          "images, brightness/contrast jitter)",
-          {one_of({"none", "flips", "full"})});
-  t.value(data, "normalize", &O::normalize,
-          "input normalisation: imagenet (mean/std) or dataset (the file's own mean/std)",
-          {one_of({"imagenet", "dataset"})});
+  using data::Augment, data::Normalize;
+  t.choice(data, "augment", &O::augment,
+           Words<Augment>{{data::augment_name(Augment::kNone), Augment::kNone},
+                          {data::augment_name(Augment::kFlips), Augment::kFlips},
+                          {data::augment_name(Augment::kFull), Augment::kFull}},
+           "training augmentation: none, flips (h/v), or full (flips, 90-degree rotations of "
+           "square images, brightness/contrast jitter)");
+  t.choice(data, "normalize", &O::normalize,
+           Words<Normalize>{{data::normalize_name(Normalize::kImagenet), Normalize::kImagenet},
+                            {data::normalize_name(Normalize::kDataset), Normalize::kDataset}},
+           "input normalisation: imagenet (mean/std) or dataset (the file's own mean/std)");
   t.value(data, "random-crop", &O::random_crop,
           "train on HxW crops at positions drawn from (seed, epoch, sample); validation on the "
           "centred HxW crop")
@@ -81,12 +86,11 @@ OptionTable<TrainOptions> make_train_option_table() {
   t.value(model, "dropout", &O::dropout,
           "dropout2d probability before the final layer of the ResNet UNets (training only)",
           {{[](double p) { return p >= 0 && p < 1; }, "must be in [0, 1)"}});
-  t.value(model, "weight-init", &O::weight_init,
-          "how a fresh run starts the convolutions followed by a ReLU: he (He et al. 2015: "
-          "N(0, 2/fan_out), zero bias, as torchvision trains VGG and ResNet from scratch; the "
-          "default since docs/real-data.md's comparison on DeepCrack and CrackForest) or pytorch "
-          "(the modules' defaults: U(+-1/sqrt(fan_in)), the default until 2026-12-05)",
-          {one_of({"he", "pytorch"})});
+  t.choice(model, "weight-init", &O::weight_init, weight_init_words(),
+           "how a fresh run starts the convolutions followed by a ReLU: he (He et al. 2015: "
+           "N(0, 2/fan_out), zero bias, as torchvision trains VGG and ResNet from scratch; the "
+           "default since docs/real-data.md's comparison on DeepCrack and CrackForest) or pytorch "
+           "(the modules' defaults: U(+-1/sqrt(fan_in)), the default until 2026-12-05)");
   t.value(model, "encoder-weights", &O::encoder_weights,
           "pretrained encoder (tools/export_torchvision.py) for a fresh run")
       .no_default();
@@ -228,21 +232,21 @@ OptionTable<TrainOptions> make_train_option_table() {
          "with the same world size and threads then give identical weights, resumed or not; on "
          "the GPU: deterministic cuDNN algorithms only (the own reductions' atomics may still "
          "change the last bits)");
-  t.value(devices, "precision", &O::precision,
-          "fp32, or bf16: activations and their gradients stored in bf16, convolutions on bf16 "
-          "inputs and weights with fp32 accumulation; weights, optimiser state, batch-norm "
-          "statistics, loss and reductions fp32 (as PyTorch autocast; CPUs with AVX512-BF16 or "
-          "AMX, GPUs; on AMX with oneDNN 2.x the weight gradients run on AVX512-BF16 kernels, as "
-          "oneDNN 2.x's AMX kernel for them writes outside its output: oneDNN 3.x keeps AMX, "
-          "INSTALL.md)");
-  t.value(devices, "cpu-conv", &O::cpu_conv,
-          "CPU fp32 3x3 stride-1 convolutions: auto (per pass, whichever is faster when timed at "
-          "first use: direct on NHWC, Winograd where oneDNN has it, else direct on oneDNN's "
-          "blocked layout, or the backend's own GEMMs: nine shifted ones, or Winograd F(2x2, "
-          "3x3) on 16), direct, shape (no timing: Winograd for the forward passes whose channels "
-          "pay for it, direct elsewhere; dppredict's default), winograd (oneDNN 2.x has it on "
-          "AVX-512 only; elsewhere an error), blocked, gemm or gemm-winograd; --deterministic "
-          "implies direct");
+  t.choice(devices, "precision", &O::precision, precision_words(),
+           "fp32, or bf16: activations and their gradients stored in bf16, convolutions on bf16 "
+           "inputs and weights with fp32 accumulation; weights, optimiser state, batch-norm "
+           "statistics, loss and reductions fp32 (as PyTorch autocast; CPUs with AVX512-BF16 or "
+           "AMX, GPUs; on AMX with oneDNN 2.x the weight gradients run on AVX512-BF16 kernels, as "
+           "oneDNN 2.x's AMX kernel for them writes outside its output: oneDNN 3.x keeps AMX, "
+           "INSTALL.md)");
+  t.choice(devices, "cpu-conv", &O::cpu_conv, cpu_conv_words(),
+           "CPU fp32 3x3 stride-1 convolutions: auto (per pass, whichever is faster when timed at "
+           "first use: direct on NHWC, Winograd where oneDNN has it, else direct on oneDNN's "
+           "blocked layout, or the backend's own GEMMs: nine shifted ones, or Winograd F(2x2, "
+           "3x3) on 16), direct, shape (no timing: Winograd for the forward passes whose channels "
+           "pay for it, direct elsewhere; dppredict's default), winograd (oneDNN 2.x has it on "
+           "AVX-512 only; elsewhere an error), blocked, gemm or gemm-winograd; --deterministic "
+           "implies direct");
   t.negated_flag(devices, "no-tf32", &O::tf32,
                  "GPU: fp32 convolutions without TF32 tensor cores (slower, closer to the CPU)");
   t.value(devices, "threads", &O::threads,
@@ -384,7 +388,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   // width /8; AdamW moves every weight by about the rate, so a layer's output moves with its
   // fan-in, and the default recipe's rate follows the width: kAdamWLr x divisor / 8 (/1: 3.75e-4,
   // where /8's rate blows the loss up to 1e8 in two steps; DESIGN "The default recipe").
-  const bool he_adamw = o.optimizer == "adamw" && o.weight_init == "he";
+  const bool he_adamw = o.optimizer == "adamw" && o.weight_init == ModelConfig::ReluInit::kHe;
   if (vm.count("lr") == 0)
     o.lr = o.optimizer == "sgd" ? TrainOptions::kSgdLr
            : he_adamw           ? default_adamw_lr(o.effective_width_divisor())
@@ -432,8 +436,6 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   }
   require(vm.count("width-divisor") == 0 || (o.width_divisor >= 1 && 32 % o.width_divisor == 0),
           "--width-divisor must be one of 1, 2, 4, 8, 16, 32, got ", o.width_divisor);
-  parse_cpu_conv(o.cpu_conv);
-  parse_precision(o.precision);
   bool known = false;
   std::string names;
   for (const auto& n : model_names()) {
@@ -442,6 +444,12 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   }
   require(known, "unknown --model '", o.model, "' (known: ", names, ")");
   return o;
+}
+
+const Words<ModelConfig::ReluInit>& weight_init_words() {
+  static const Words<ModelConfig::ReluInit> words = {{"he", ModelConfig::ReluInit::kHe},
+                                                     {"pytorch", ModelConfig::ReluInit::kPytorch}};
+  return words;
 }
 
 double default_adamw_lr(int divisor) {

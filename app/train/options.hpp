@@ -9,8 +9,11 @@
 
 #include "dp/backend.hpp"
 #include "dp/error.hpp"
+#include "dp/loader.hpp"
+#include "dp/model.hpp"
 #include "exit_codes.hpp"  // UsageError
 #include "train/fault_injection.hpp"
+#include "words.hpp"
 
 namespace dp::app {
 
@@ -20,22 +23,23 @@ struct TrainOptions {
   std::string synth_cache;  // where the synthetic dataset is cached (empty = default path)
   int batch_size = 4;       // per rank
   int prefetch = 2;
-  int workers = 1;                     // loader threads per rank
-  std::string augment = "full";        // none | flips | full (training split only)
-  std::string normalize = "imagenet";  // imagenet | dataset (the file's mean/std attributes)
-  std::string random_crop;             // HxW training crops ("": none; validation: centred)
-  std::string scale_jitter;            // LO-HI scale factors of the crops ("": none)
-  bool cache = false;      // keep the rank's (fixed) shard in memory after the first epoch
-  bool drop_last = false;  // no padding; the last partial batch of each rank is skipped
+  int workers = 1;                                         // loader threads per rank
+  data::Augment augment = data::Augment::kFull;            // training split only
+  data::Normalize normalize = data::Normalize::kImagenet;  // or the file's mean/std attributes
+  std::string random_crop;   // HxW training crops ("": none; validation: centred)
+  std::string scale_jitter;  // LO-HI scale factors of the crops ("": none)
+  bool cache = false;        // keep the rank's (fixed) shard in memory after the first epoch
+  bool drop_last = false;    // no padding; the last partial batch of each rank is skipped
   // model
   std::string model = "unet16";
-  int width_divisor = 0;           // 0 = default: 8 for the synthetic demo, 1 with --data
-  bool deconv = false;             // transposed-convolution decoder
-  bool sync_bn = false;            // batch-norm statistics over all ranks
-  double dropout = 0.2;            // dropout2d before the final layer (ResNet UNets)
-  std::string weight_init = "he";  // he | pytorch: convolutions followed by a ReLU, fresh runs
-  std::string encoder_weights;     // pretrained encoder (fresh runs only)
-  std::string init_weights;        // whole-model weights (fresh runs only)
+  int width_divisor = 0;  // 0 = default: 8 for the synthetic demo, 1 with --data
+  bool deconv = false;    // transposed-convolution decoder
+  bool sync_bn = false;   // batch-norm statistics over all ranks
+  double dropout = 0.2;   // dropout2d before the final layer (ResNet UNets)
+  // How a fresh run initialises the convolutions followed by a ReLU.
+  ModelConfig::ReluInit weight_init = ModelConfig::ReluInit::kHe;
+  std::string encoder_weights;  // pretrained encoder (fresh runs only)
+  std::string init_weights;     // whole-model weights (fresh runs only)
   // optimisation
   int epochs = 10;
   // --lr's default per optimiser (AdamW: per --weight-init, whose weights differ in scale)
@@ -74,12 +78,12 @@ struct TrainOptions {
   uint64_t seed = 42;
   int64_t max_steps = -1;  // stop each epoch after this many steps (tests, smoke runs)
   // execution
-  std::string device = "auto";     // auto | cpu | cuda
-  int threads = 0;                 // CPU threads per rank; 0 = OpenMP's default
-  bool deterministic = false;      // no OpenMP dynamic thread adjustment; deterministic cuDNN
-  bool tf32 = true;                // GPU: TF32 tensor cores for fp32 convolutions
-  std::string precision = "fp32";  // fp32 | bf16 (convolutions)
-  std::string cpu_conv = "auto";   // auto|direct|shape|winograd|blocked|gemm|gemm-winograd
+  std::string device = "auto";  // auto | cpu | cuda
+  int threads = 0;              // CPU threads per rank; 0 = OpenMP's default
+  bool deterministic = false;   // no OpenMP dynamic thread adjustment; deterministic cuDNN
+  bool tf32 = true;             // GPU: TF32 tensor cores for fp32 convolutions
+  Precision precision = Precision::kFloat32;  // of the activations and convolutions
+  CpuConvAlgo cpu_conv = CpuConvAlgo::kAuto;  // CPU fp32 3x3 convolutions
   // distribution
   double bucket_mb = 25.0;         // gradient all-reduce bucket size, MiB (first bucket: 1 MiB)
   bool overlap = true;             // all-reduce buckets during backward (--no-overlap: after it)
@@ -115,6 +119,9 @@ struct TrainOptions {
   // the option table's order (options.cpp: each option declared once).
   std::string describe() const;
 };
+
+// --weight-init's words (he, pytorch).
+const Words<ModelConfig::ReluInit>& weight_init_words();
 
 // Parses argv. Returns nullopt after printing --help. Throws UsageError on any bad value.
 std::optional<TrainOptions> parse_train_options(int argc, const char* const* argv, bool print_help);

@@ -187,15 +187,15 @@ void Trainer::choose_device() {
   if (opt_.deterministic) omp_set_dynamic(0);
   if (device_->gpu()) {
     log_.info("dptrain: ", comm_.size(), " rank(s), device cuda (one GPU per rank), ",
-              opt_.precision == "bf16" ? "bf16 activations and convolutions"
-              : opt_.tf32              ? "fp32 (TF32) convolutions"
-                                       : "fp32 convolutions");
+              opt_.precision == Precision::kBFloat16 ? "bf16 activations and convolutions"
+              : opt_.tf32                            ? "fp32 (TF32) convolutions"
+                                                     : "fp32 convolutions");
   } else {
     // What runs, not what was asked: a choice this CPU cannot make is refused by make_backend().
-    const bool bf16 = opt_.precision == "bf16";
+    const bool bf16 = opt_.precision == Precision::kBFloat16;
     std::string convs = bf16 ? "bf16 activations and convolutions" : "fp32 convolutions";
     const std::string kernels =
-        cpu_conv_kernels(opt_.deterministic ? CpuConvAlgo::kDirect : parse_cpu_conv(opt_.cpu_conv));
+        cpu_conv_kernels(opt_.deterministic ? CpuConvAlgo::kDirect : opt_.cpu_conv);
     if (!bf16 && !kernels.empty()) convs += " (" + kernels + ")";
     log_.info("dptrain: ", comm_.size(), " rank(s), device cpu (", cpu_onednn_version(), ", ",
               cpu_isa_name(), "), ", threads.threads, " thread(s) per rank (", threads.source,
@@ -213,9 +213,9 @@ void Trainer::choose_device() {
 
 void Trainer::set_up_model() {
   BackendRequest br;
-  br.precision = parse_precision(opt_.precision);
+  br.precision = opt_.precision;
   // Timing-based choices differ between runs: reproducible runs use the direct kernels.
-  br.cpu_conv = opt_.deterministic ? CpuConvAlgo::kDirect : parse_cpu_conv(opt_.cpu_conv);
+  br.cpu_conv = opt_.deterministic ? CpuConvAlgo::kDirect : opt_.cpu_conv;
   br.tf32 = opt_.tf32;
   br.deterministic = opt_.deterministic;
   br.log = log_;  // a bf16 convolution shape that runs in fp32
@@ -225,8 +225,8 @@ void Trainer::set_up_model() {
   lo.prefetch = opt_.prefetch;
   lo.seed = opt_.seed;
   lo.workers = opt_.workers;
-  lo.augment = *data::augment_from_name(opt_.augment);
-  lo.normalize = *data::normalize_from_name(opt_.normalize);
+  lo.augment = opt_.augment;
+  lo.normalize = opt_.normalize;
   lo.cache = opt_.cache;
   data::parse_crop(opt_.random_crop, opt_.scale_jitter, lo);  // data path: crops
   train_loader_ = std::make_unique<data::Loader>(data_path_, "train", lo);
@@ -254,8 +254,7 @@ void Trainer::set_up_model() {
   mc.width_divisor = opt_.effective_width_divisor();
   mc.deconv = opt_.deconv;
   mc.dropout = float(opt_.dropout);
-  mc.relu_init =
-      opt_.weight_init == "pytorch" ? ModelConfig::ReluInit::kPytorch : ModelConfig::ReluInit::kHe;
+  mc.relu_init = opt_.weight_init;
   model_ = make_model(mc, *backend_);
   if (opt_.sync_bn)  // batch statistics over all ranks (forward and backward)
     model_->set_stat_reducer([this](double* sums, size_t n) {
@@ -288,7 +287,7 @@ void Trainer::log_set_up() const {
             val_loader_ ? val_loader_->dataset_size() : 0, " val images of ", height_, "x", width_,
             "; batch ", opt_.batch_size, " per rank, global ", opt_.batch_size * comm_.size());
   log_.info("loader: ", opt_.workers, " worker(s), prefetch ", opt_.prefetch, ", augment ",
-            opt_.augment, ", normalize ", opt_.normalize,
+            data::augment_name(opt_.augment), ", normalize ", data::normalize_name(opt_.normalize),
             opt_.cache
                 ? str_cat(", cache: up to ",
                           format_mib(4.0 * height_ * width_ *

@@ -345,14 +345,14 @@ TEST(DataOptions, LoaderOptionsAreParsedAndChecked) {
       {"--workers", "3", "--augment", "flips", "--normalize", "dataset", "--cache", "--drop-last"});
   ASSERT_TRUE(o.has_value());
   EXPECT_EQ(o->workers, 3);
-  EXPECT_EQ(o->augment, "flips");
-  EXPECT_EQ(o->normalize, "dataset");
+  EXPECT_EQ(o->augment, data::Augment::kFlips);
+  EXPECT_EQ(o->normalize, data::Normalize::kDataset);
   EXPECT_TRUE(o->cache);
   EXPECT_TRUE(o->drop_last);
   const auto d = parse({});
   EXPECT_EQ(d->workers, 1);
-  EXPECT_EQ(d->augment, "full");
-  EXPECT_EQ(d->normalize, "imagenet");
+  EXPECT_EQ(d->augment, data::Augment::kFull);
+  EXPECT_EQ(d->normalize, data::Normalize::kImagenet);
   EXPECT_FALSE(d->cache || d->drop_last);
   auto error = [&](std::vector<const char*> args) {
     try {

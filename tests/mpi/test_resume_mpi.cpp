@@ -114,7 +114,7 @@ TEST(ResumeMpi, Bf16ResumeEqualsUninterruptedBitwise) {
   if (!cpu_bf16_support().empty()) GTEST_SKIP() << "no bf16 on this CPU: " << cpu_bf16_support();
   SharedDir dir;
   auto o = options(dir, "bf16_straight", 2);
-  o.precision = "bf16";
+  o.precision = Precision::kBFloat16;
   EXPECT_EQ(run_with_preempt_at(o, nullptr, test::world()), 0);
   o.model_dir = dir.file("bf16_preempted");
   EXPECT_EQ(run_with_preempt_at(o, "1:2", test::world()), app::kExitPreempted);

@@ -31,7 +31,7 @@ std::string usage_error(std::vector<const char*> args) {
 // by the scale of the initial weights (--weight-init).
 TEST(Config, LearningRateDefaultsPerOptimizerAndInit) {
   EXPECT_EQ(parse({})->optimizer, "adamw");
-  EXPECT_EQ(parse({})->weight_init, "he");
+  EXPECT_EQ(parse({})->weight_init, ModelConfig::ReluInit::kHe);
   EXPECT_EQ(parse({})->lr, 3e-3);
   EXPECT_EQ(parse({"--weight-init", "pytorch"})->lr, 1e-3);
   EXPECT_EQ(parse({"--optimizer", "sgd"})->lr, 0.05);

@@ -153,7 +153,7 @@ app::TrainOptions tiny_training(const std::string& data, const std::string& mode
   o.lr = 0.05;
   // PyTorch's initialisation, whose scale these rates were chosen for (He's weights at SGD 0.05
   // blow up the sync-BN ResNet34 /4 run within three steps).
-  o.weight_init = "pytorch";
+  o.weight_init = ModelConfig::ReluInit::kPytorch;
   o.seed = 5;
   o.epochs = 1;
   return o;
