@@ -128,6 +128,21 @@ class OptionTable {
     return e;
   }
 
+  // An option whose text `apply` parses into the options (UsageError where it cannot); `text` is
+  // its default ("" for none: --name left out calls nothing).
+  Entry& parsed(std::string topic, std::string name, std::string text,
+                std::function<void(Options&, const std::string&)> apply, std::string help) {
+    Entry& e = add_entry(std::move(topic), std::move(name), std::move(help));
+    e.key.clear();
+    e.add = [text, apply](po_easy_init_t& init, Options& o, const Entry& self) {
+      auto* v = boost::program_options::value<std::string>()->notifier(
+          [&o, apply](const std::string& t) { apply(o, t); });
+      if (!text.empty()) v->default_value(text);
+      init(self.name.c_str(), v, self.help.c_str());
+    };
+    return e;
+  }
+
   // A switch: --name sets options.*member.
   Entry& flag(std::string topic, std::string name, bool Options::*member, std::string help) {
     Entry& e = add_entry(std::move(topic), std::move(name), std::move(help));

@@ -1,9 +1,13 @@
-// dppredict's options: the PredictOptions record and its Boost.Program_options parser.
+// dppredict's options: the PredictOptions record and its parser (one table of options,
+// options.cpp).
 #pragma once
 
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "dp/backend.hpp"
+#include "predict/tiling.hpp"
 
 namespace dp::app {
 
@@ -25,7 +29,7 @@ struct PredictOptions {
   bool save_prob = false;  // also write the probability map (prob/)
   std::string prob_format = "png16";    // png16 (p x 65535) | png8 (p x 255)
   bool save_uncertainty = false;        // with --tta: the variants' deviation (uncertainty/)
-  std::string tta = "none";             // none | flips | dihedral (predict/tiling.hpp)
+  Tta tta = Tta::kNone;                 // test-time augmentation (predict/tiling.hpp)
   bool overlay = false;                 // also write the image with crack pixels tinted
   int tile_height = 0, tile_width = 0;  // 0: the checkpoint's training size
   int overlap = -1;                     // pixels; -1: a quarter of the smaller tile side
@@ -33,12 +37,12 @@ struct PredictOptions {
   // --scale: network input pixels per input pixel, along y and x; 0: auto (the training set's
   // scale recorded in the checkpoint, relative to a --dataset's own).
   double scale_y = 0, scale_x = 0;
-  int batch_size = 4;              // tiles per forward pass
-  std::string cpu_conv = "shape";  // 3x3 convolution kernels (dptrain's --cpu-conv; bench/README)
-  std::string precision = "fp32";  // fp32 | bf16 (activations; dptrain's --precision)
-  std::string device = "auto";     // auto (the GPU where every rank sees one) | cpu | cuda
-  bool quiet = false;              // no progress bar or lines
-  bool raw_weights = false;        // the raw weights where the checkpoint also has averaged ones
+  int batch_size = 4;                          // tiles per forward pass
+  CpuConvAlgo cpu_conv = CpuConvAlgo::kShape;  // 3x3 convolution kernels (bench/README)
+  Precision precision = Precision::kFloat32;   // of the activations (dptrain's --precision)
+  std::string device = "auto";  // auto (the GPU where every rank sees one) | cpu | cuda
+  bool quiet = false;           // no progress bar or lines
+  bool raw_weights = false;     // the raw weights where the checkpoint also has averaged ones
   // Crack measurements (predict/measurements.hpp): OUT/measurements.csv and OUT/summary.csv.
   bool measure = false;
   bool measure_only = false;  // the inputs are masks (> 127: crack): measured, no checkpoint

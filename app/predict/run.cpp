@@ -160,10 +160,10 @@ std::unique_ptr<Predictor> open_predictor(const PredictOptions& o, Device& devic
   po.overlap = o.overlap;
   po.margin = o.margin;
   po.batch = o.batch_size;
-  po.conv_algo = parse_cpu_conv(o.cpu_conv);
-  po.precision = parse_precision(o.precision);
+  po.conv_algo = o.cpu_conv;
+  po.precision = o.precision;
   po.raw_weights = o.raw_weights;
-  po.tta = parse_tta(o.tta);
+  po.tta = o.tta;
   auto predictor = std::make_unique<Predictor>(o.checkpoint, po);
   if (o.threshold_rule == PredictOptions::ThresholdRule::kOds &&
       std::isnan(recorded_ods_threshold(predictor->meta())))
@@ -203,10 +203,10 @@ std::string start_line(const PredictOptions& o, Predictor& predictor, size_t inp
       fixed(double(predictor.model().activation_bytes()) / tile_pixels, 0),
       " bytes a tile pixel); ", inputs, " image(s) on ", world, " rank(s); rank 0 on ", device,
       ", ", threads.threads, " thread(s) per rank (", threads.source, ")",
-      o.precision == "bf16" ? ", bf16 activations" : "",
-      o.tta != "none"
-          ? str_cat(", --tta ", o.tta, " (", tta_variants(parse_tta(o.tta)), " variants per tile)")
-          : std::string(),
+      o.precision == Precision::kBFloat16 ? ", bf16 activations" : "",
+      o.tta != Tta::kNone ? str_cat(", --tta ", word_of(tta_words(), o.tta), " (",
+                                    tta_variants(o.tta), " variants per tile)")
+                          : std::string(),
       "; scale ", resampling.x, "x", resampling.y,
       resampling.none() ? " (images as they are; " : " (images resized by it, masks back; ",
       resampling.why, "); threshold ", threshold.value, " (", threshold.why, ")");

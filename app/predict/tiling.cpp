@@ -65,11 +65,10 @@ struct TiledRunner::Job {
   int64_t remaining = 0;
 };
 
-Tta parse_tta(const std::string& name) {
-  if (name == "none") return Tta::kNone;
-  if (name == "flips") return Tta::kFlips;
-  if (name == "dihedral") return Tta::kDihedral;
-  throw UsageError(str_cat("--tta must be none, flips or dihedral, got '", name, "'"));
+const Words<Tta>& tta_words() {
+  static const Words<Tta> words = {
+      {"none", Tta::kNone}, {"flips", Tta::kFlips}, {"dihedral", Tta::kDihedral}};
+  return words;
 }
 
 int tta_variants(Tta tta) {

@@ -11,6 +11,7 @@
 #include "dp/buffer.hpp"
 #include "dp/image_io.hpp"
 #include "normalization.hpp"
+#include "words.hpp"
 
 namespace dp::app {
 
@@ -39,8 +40,8 @@ std::vector<float> window_weights(int tile);
 // their transposes, the 8 symmetries of a square (square tiles only). Each variant's logits are
 // mapped back to the tile before the sigmoid's average.
 enum class Tta { kNone, kFlips, kDihedral };
-// "none" | "flips" | "dihedral"; anything else is a UsageError naming --tta.
-Tta parse_tta(const std::string& name);
+// --tta's words: none, flips, dihedral.
+const Words<Tta>& tta_words();
 int tta_variants(Tta tta);  // 1, 4 or 8
 
 // Runs images of any size through a network that takes tiles of tile_height x tile_width, in
