@@ -18,6 +18,7 @@
 
 namespace dp::app {
 
+// The rules most options need (words.hpp has `Rule` and `one_of`).
 template <class T>
 Rule<T> at_least(T lowest) {
   return {[lowest](const T& v) { return v >= lowest; }, str_cat("must be at least ", lowest)};
@@ -27,10 +28,21 @@ template <class T>
 Rule<T> non_negative(const std::string& zero = "") {
   return {[](const T& v) { return v >= 0; }, "must be >= 0" + zero};
 }
+// "must be in [LOW, HIGH]" and a unit, e.g. " pixels".
+template <class T>
+Rule<T> in_range(T low, T high, const std::string& unit = "") {
+  return {[low, high](const T& v) { return v >= low && v <= high; },
+          str_cat("must be in [", low, ", ", high, "]", unit)};
+}
+// "must be in [0, 1)".
+inline Rule<double> unit_interval() {
+  return {[](double v) { return v >= 0 && v < 1; }, "must be in [0, 1)"};
+}
 template <class T>
 Rule<T> positive() {
   return {[](const T& v) { return v > 0; }, "must be positive"};
 }
+
 // A value as --help's default and the printed configuration show it.
 template <class T>
 std::string option_text(const T& value) {
@@ -168,7 +180,7 @@ class OptionTable {
     return e;
   }
 
-  // An option only the command line reads (no configuration line, no checks): --help, --config.
+  // An option without a value or a configuration line: --help.
   Entry& command_line(std::string topic, std::string name, std::string help) {
     Entry& e = add_entry(std::move(topic), std::move(name), std::move(help));
     e.key.clear();

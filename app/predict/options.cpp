@@ -97,7 +97,7 @@ OptionTable<PredictOptions> make_predict_option_table() {
   t.value(out, "tolerance", &O::tolerance,
           "with --dataset or --masks: ODS/OIS/AP count a predicted crack pixel within this many "
           "pixels of a true one as right, and a true one with a prediction this close as found",
-          {{[](int px) { return px >= 0 && px <= 32; }, "must be in [0, 32] pixels"}});
+          {in_range(0, 32, " pixels")});
   t.flag(out, "save-prob", &O::save_prob,
          "also write the probability map (prob/), as --prob-format says");
   t.value(out, "prob-format", &O::prob_format,
@@ -158,7 +158,7 @@ OptionTable<PredictOptions> make_predict_option_table() {
           "pixels of reflected context added around every image, so that no image border meets "
           "the network's zero padding at a tile border (0: borders flush, as whole training "
           "images were; docs/real-data.md)",
-          {{[](int px) { return px >= 0 && px <= 4096; }, "must be in [0, 4096] pixels"}});
+          {in_range(0, 4096, " pixels")});
   t.value(run, "batch-size,b", &O::batch_size,
           "tiles per forward pass (fewer where they would hold more than a megapixel: a large "
           "tile runs alone)",

@@ -48,8 +48,7 @@ OptionTable<TrainOptions> make_train_option_table() {
   t.value(data, "workers", &O::workers,
           "loader threads per rank (HDF5 reads are serialised; inflating --gzip rows and "
           "preparation run in parallel)",
-          {{[](int w) { return w >= 1 && w <= kMaxWorkers; },
-            str_cat("must be in [1, ", kMaxWorkers, "]")}});
+          {in_range(1, kMaxWorkers)});
   using data::Augment, data::Normalize;
   t.choice(data, "augment", &O::augment,
            Words<Augment>{{data::augment_name(Augment::kNone), Augment::kNone},
@@ -85,7 +84,7 @@ OptionTable<TrainOptions> make_train_option_table() {
   t.flag(model, "sync-bn", &O::sync_bn, "batch-norm statistics over all ranks");
   t.value(model, "dropout", &O::dropout,
           "dropout2d probability before the final layer of the ResNet UNets (training only)",
-          {{[](double p) { return p >= 0 && p < 1; }, "must be in [0, 1)"}});
+          {unit_interval()});
   t.choice(model, "weight-init", &O::weight_init, weight_init_words(),
            "how a fresh run starts the convolutions followed by a ReLU: he (He et al. 2015: "
            "N(0, 2/fan_out), zero bias, as torchvision trains VGG and ResNet from scratch; the "
@@ -110,15 +109,13 @@ OptionTable<TrainOptions> make_train_option_table() {
           "adamw or sgd (PyTorch semantics; AdamW is the default since the recipe search on "
           "DeepCrack and CrackForest, docs/real-data.md)",
           {one_of({"sgd", "adamw"})});
-  t.value(optim, "momentum", &O::momentum, "SGD momentum",
-          {{[](double m) { return m >= 0 && m < 1; }, "must be in [0, 1)"}});
+  t.value(optim, "momentum", &O::momentum, "SGD momentum", {unit_interval()});
   t.flag(optim, "nesterov", &O::nesterov, "SGD with Nesterov momentum");
   t.value(optim, "weight-decay", &O::weight_decay,
           "weight decay (SGD: L2 added to the gradient; AdamW: decoupled)",
           {non_negative<double>()});
-  const Rule<double> unit_interval{[](double b) { return b >= 0 && b < 1; }, "must be in [0, 1)"};
-  t.value(optim, "adam-beta1", &O::adam_beta1, "AdamW beta1", {unit_interval});
-  t.value(optim, "adam-beta2", &O::adam_beta2, "AdamW beta2", {unit_interval});
+  t.value(optim, "adam-beta1", &O::adam_beta1, "AdamW beta1", {unit_interval()});
+  t.value(optim, "adam-beta2", &O::adam_beta2, "AdamW beta2", {unit_interval()});
   t.value(optim, "adam-eps", &O::adam_eps, "AdamW epsilon", {positive<double>()});
   t.value(optim, "lr-schedule", &O::lr_schedule,
           "per epoch: constant, step (x --lr-gamma every --lr-step epochs), cosine (to 0 at "
@@ -175,7 +172,7 @@ OptionTable<TrainOptions> make_train_option_table() {
           {{[](double w) { return w > 0 && std::isfinite(w); }, "must be positive"}});
   t.value(optim, "cldice-iterations", &O::cldice_iterations,
           "soft erosions of the soft skeleton (it follows cracks up to about 2 x this + 1 px wide)",
-          {{[](int64_t n) { return n >= 1 && n <= 32; }, "must be in [1, 32]"}});
+          {in_range<int64_t>(1, 32)});
   t.value(optim, "cldice-start-epoch", &O::cldice_start_epoch,
           "the first epoch (1-based) whose loss has the clDice term: a prediction that is still "
           "uniform has no soft skeleton, so clDice alone would push it towards all-crack",
@@ -191,7 +188,7 @@ OptionTable<TrainOptions> make_train_option_table() {
           "pixels: validation's ODS/OIS/AP (threshold sweep) count a predicted crack pixel within "
           "this distance of a true one as right, and a true one with a prediction this close as "
           "found",
-          {{[](int px) { return px >= 0 && px <= 32; }, "must be in [0, 32] pixels"}});
+          {in_range(0, 32, " pixels")});
   t.value(optim, "seed", &O::seed, "seed of init, shuffling and augmentation");
   t.value(optim, "max-steps", &O::max_steps, "stop each epoch after N steps (-1: all)",
           {{[](int64_t n) { return n == -1 || n >= 1; }, "must be -1 or positive"}});

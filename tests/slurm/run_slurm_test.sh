@@ -9,7 +9,7 @@
 #  1. munged with its own key and socket; slurm.conf for one node named after `hostname -s`
 #     (CPUs=2, free ports, state/spool/log/pid files in the folder); slurmctld and slurmd.
 #  2. `dpprep synth` writes a tiny dataset; `sbatch jobscripts/slurm/train-cpu.sbatch` trains on
-#     it with 2 ranks (width divisor 16, 32x32 images, 3 epochs of 4608 steps), once with
+#     it with 2 ranks (width divisor 16, 32x32 images, 3 epochs of 9216 steps), once with
 #     LAUNCHER=srun (PMIx) and once with LAUNCHER=mpirun (DP_SLURM_TEST_LAUNCHERS picks).
 #  3. Once the job has logged a step of epoch 2, `scancel --signal=USR1 --batch JOB` (what
 #     `--signal=B:USR1@<grace>` does near the time limit; USR2 and PREEMPT_SIGNAL=USR2, so
@@ -31,7 +31,9 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 sbatch_script=$repo/jobscripts/slurm/train-cpu.sbatch
 
 EPOCHS=3                              # epochs the job must finish with
-TRAIN_SAMPLES=18432                   # 2 ranks x batch 2 -> 4608 steps per epoch (about 8 s)
+# 2 ranks x batch 2 -> 9216 steps per epoch (about 16-20 s): Slurm once took 9 s to bring the
+# signal to the batch shell, the whole of a 4608-step epoch, and it landed at the epoch's end.
+TRAIN_SAMPLES=36864
 BUDGET_S=${DP_SLURM_TEST_BUDGET_S:-300}  # the test fails (not hangs) past this; ctest kills at 360
 start_s=$SECONDS
 
@@ -279,7 +281,7 @@ run_job() {
   joblog=$work/job-$job.out
   log "LAUNCHER=$LAUNCHER: submitted job $job"
 
-  # Preempt once epoch 2 is under way: a step line of epoch 2 (over 4500 steps, some 15 s, are
+  # Preempt once epoch 2 is under way: a step line of epoch 2 (over 9000 steps, some 16 s, are
   # left: room for a slow poll on a loaded machine, where 1500 steps once ran out).
   wait_for 120 "a training step of epoch 2 in $joblog" epoch2_or_end
   log "epoch 2 running: scancel --signal=$PREEMPT_SIGNAL --batch $job"
