@@ -317,12 +317,4 @@ const Words<Precision>& precision_words() {
   return words;
 }
 
-CpuConvAlgo parse_cpu_conv(const std::string& value) {
-  return value_of(cpu_conv_words(), value, "cpu-conv");
-}
-
-Precision parse_precision(const std::string& value) {
-  return value_of(precision_words(), value, "precision");
-}
-
 }  // namespace dp::app

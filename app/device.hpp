@@ -130,9 +130,5 @@ class Device {
 // --precision's (fp32, bf16), in --help's order (dptrain, dppredict).
 const Words<CpuConvAlgo>& cpu_conv_words();
 const Words<Precision>& precision_words();
-// --cpu-conv's value as a CpuConvAlgo; UsageError for anything else.
-CpuConvAlgo parse_cpu_conv(const std::string& value);
-// --precision's value; UsageError for anything else.
-Precision parse_precision(const std::string& value);
 
 }  // namespace dp::app

@@ -190,13 +190,6 @@ void jitter_lut(const uint8_t* image, size_t pixels, const SampleAugment& a,
 
 }  // namespace
 
-std::optional<Augment> augment_from_name(std::string_view name) {
-  if (name == "none") return Augment::kNone;
-  if (name == "flips") return Augment::kFlips;
-  if (name == "full") return Augment::kFull;
-  return std::nullopt;
-}
-
 const char* augment_name(Augment a) {
   switch (a) {
     case Augment::kNone:
@@ -207,12 +200,6 @@ const char* augment_name(Augment a) {
       return "full";
   }
   return "?";
-}
-
-std::optional<Normalize> normalize_from_name(std::string_view name) {
-  if (name == "imagenet") return Normalize::kImagenet;
-  if (name == "dataset") return Normalize::kDataset;
-  return std::nullopt;
 }
 
 const char* normalize_name(Normalize n) {

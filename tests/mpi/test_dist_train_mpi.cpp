@@ -29,7 +29,7 @@ app::TrainOptions options(const std::string& data, const std::string& model_dir,
                           const std::string& precision = "fp32", const std::string& loss = "bce",
                           const std::string& pos_weight = "none") {
   app::TrainOptions o = test::tiny_training(data, model_dir, batch);
-  o.precision = app::parse_precision(precision);
+  o.precision = app::value_of(app::precision_words(), precision, "precision");
   o.loss = loss;
   o.pos_weight = pos_weight;
   o.threshold = 0.35;  // after one epoch some pixels are above it and some below: IoU not trivial

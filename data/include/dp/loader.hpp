@@ -4,9 +4,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "dp/dataset.hpp"
@@ -38,9 +36,7 @@ enum class Crop { kRandom, kCenter };
 inline constexpr std::array<float, 3> kImagenetMean = {0.485f, 0.456f, 0.406f};
 inline constexpr std::array<float, 3> kImagenetStd = {0.229f, 0.224f, 0.225f};
 
-std::optional<Augment> augment_from_name(std::string_view name);  // "none", "flips", "full"
 const char* augment_name(Augment a);
-std::optional<Normalize> normalize_from_name(std::string_view name);  // "imagenet", "dataset"
 const char* normalize_name(Normalize n);
 
 struct LoaderOptions {
