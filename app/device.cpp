@@ -160,9 +160,9 @@ struct Device::Cuda {
 
 Device::Device(const DeviceRequest& request, Comm& comm)
     : program_(request.program), cuda_(std::make_unique<Cuda>()) {
-  gpu_ = request.device == "cuda";
+  gpu_ = request.device == DeviceChoice::kCuda;
 #ifdef DP_WITH_CUDA
-  if (request.device == "auto")
+  if (request.device == DeviceChoice::kAuto)
     gpu_ = comm.all_true(cuda::visible_device_count() > 0);  // every rank decides the same
   if (!gpu_) return;
   const int visible = cuda::visible_device_count();
@@ -314,6 +314,12 @@ const Words<CpuConvAlgo>& cpu_conv_words() {
 const Words<Precision>& precision_words() {
   static const Words<Precision> words = {{"fp32", Precision::kFloat32},
                                          {"bf16", Precision::kBFloat16}};
+  return words;
+}
+
+const Words<DeviceChoice>& device_words() {
+  static const Words<DeviceChoice> words = {
+      {"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}};
   return words;
 }
 

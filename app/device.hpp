@@ -48,10 +48,13 @@ ThreadChoice choose_threads(int requested, const ThreadEnvironment& env);
 // Masks past CPU 1023 are not seen.
 std::string oversubscription_warning(Comm& comm, int threads);
 
+// --device: auto (a GPU where every rank sees one, else the CPU), cpu or cuda.
+enum class DeviceChoice { kAuto, kCpu, kCuda };
+
 struct DeviceRequest {
-  std::string device = "auto";  // --device cpu|cuda|auto
-  std::string program;          // "dptrain", "dppredict": for the error lines
-  bool allow_sharing = false;   // more ranks on a node than visible GPUs (--allow-gpu-sharing)
+  DeviceChoice device = DeviceChoice::kAuto;
+  std::string program;         // "dptrain", "dppredict": for the error lines
+  bool allow_sharing = false;  // more ranks on a node than visible GPUs (--allow-gpu-sharing)
   // The NCCL reducer: two ranks of a multi-rank job may not share a GPU (a UsageError).
   bool one_gpu_per_rank = false;
 };
@@ -126,9 +129,11 @@ class Device {
   std::unique_ptr<Cuda> cuda_;
 };
 
-// --cpu-conv's words (auto, direct, shape, winograd, blocked, gemm, gemm-winograd) and
-// --precision's (fp32, bf16), in --help's order (dptrain, dppredict).
+// --cpu-conv's words (auto, direct, shape, winograd, blocked, gemm, gemm-winograd),
+// --precision's (fp32, bf16) and --device's (auto, cpu, cuda), in --help's order (dptrain,
+// dppredict).
 const Words<CpuConvAlgo>& cpu_conv_words();
 const Words<Precision>& precision_words();
+const Words<DeviceChoice>& device_words();
 
 }  // namespace dp::app

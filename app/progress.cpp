@@ -23,9 +23,15 @@ std::string progress_bar(double fraction, int width) {
   return std::string(size_t(filled), '#') + std::string(size_t(width - filled), '.');
 }
 
-bool use_progress_bar(const std::string& mode, bool stdout_tty, bool stderr_tty) {
-  if (mode == "bar") return true;
-  if (mode == "lines") return false;
+bool use_progress_bar(ProgressStyle style, bool stdout_tty, bool stderr_tty) {
+  switch (style) {
+    case ProgressStyle::kBar:
+      return true;
+    case ProgressStyle::kLines:
+      return false;
+    case ProgressStyle::kAuto:
+      break;
+  }
   return stdout_tty && stderr_tty;
 }
 

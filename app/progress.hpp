@@ -16,7 +16,8 @@ std::string progress_bar(double fraction, int width);
 // --progress auto: a bar only when stdout and stderr are both terminals. (Open MPI gives every
 // rank a pseudo-terminal stdout whatever mpirun's own stdout is, but stderr a pipe; so under
 // mpirun auto means lines, and --progress bar asks for the bar.)
-bool use_progress_bar(const std::string& mode, bool stdout_tty, bool stderr_tty);
+enum class ProgressStyle { kAuto, kBar, kLines };
+bool use_progress_bar(ProgressStyle style, bool stdout_tty, bool stderr_tty);
 
 struct ProgressState {
   int64_t epoch = 0, epochs = 0;  // 1-based epoch of epochs

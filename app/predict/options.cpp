@@ -172,10 +172,9 @@ OptionTable<PredictOptions> make_predict_option_table() {
            "blocked layout, or GEMMs: shifted or Winograd; the timing costs more than it saves "
            "unless a command predicts many photographs), winograd (AVX-512 CPUs only; elsewhere "
            "an error), blocked, gemm or gemm-winograd; bench/README.md has the measurements");
-  t.value(run, "device", &O::device,
-          "auto (a GPU where every rank sees one, else the CPU), cpu or cuda (GPU = node-local "
-          "rank modulo the visible GPUs; ranks may share one)",
-          {one_of({"auto", "cpu", "cuda"})});
+  t.choice(run, "device", &O::device, device_words(),
+           "auto (a GPU where every rank sees one, else the CPU), cpu or cuda (GPU = node-local "
+           "rank modulo the visible GPUs; ranks may share one)");
   t.choice(run, "precision", &O::precision, precision_words(),
            "fp32, or bf16: activations in bf16 and convolutions on bf16 operands (about 2x faster "
            "on CPUs with AVX512-BF16 or AMX; probabilities differ in the third digit)");

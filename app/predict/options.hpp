@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "device.hpp"  // DeviceChoice
 #include "dp/backend.hpp"
 #include "predict/tiling.hpp"
 
@@ -40,9 +41,9 @@ struct PredictOptions {
   int batch_size = 4;                          // tiles per forward pass
   CpuConvAlgo cpu_conv = CpuConvAlgo::kShape;  // 3x3 convolution kernels (bench/README)
   Precision precision = Precision::kFloat32;   // of the activations (dptrain's --precision)
-  std::string device = "auto";  // auto (the GPU where every rank sees one) | cpu | cuda
-  bool quiet = false;           // no progress bar or lines
-  bool raw_weights = false;     // the raw weights where the checkpoint also has averaged ones
+  DeviceChoice device = DeviceChoice::kAuto;   // the GPU where every rank sees one, else the CPU
+  bool quiet = false;                          // no progress bar or lines
+  bool raw_weights = false;  // the raw weights where the checkpoint also has averaged ones
   // Crack measurements (predict/measurements.hpp): OUT/measurements.csv and OUT/summary.csv.
   bool measure = false;
   bool measure_only = false;  // the inputs are masks (> 127: crack): measured, no checkpoint

@@ -164,7 +164,7 @@ bool Checkpoints::load(const std::string& path, bool skip_bad, CheckpointMeta& s
   if (!meta.optimizer_state.empty() && meta.optimizer_state != needed)
     throw UsageError(str_cat("checkpoint '", path, "' holds the state of another optimizer (",
                              meta.optimizer_state.front(), ", ...) than --optimizer ",
-                             opt_.optimizer,
+                             word_of(optimizer_words(), opt_.optimizer),
                              "; use the original --optimizer, another --model-dir or "
                              "--resume never"));
   // Another world size continues the same global sample order; only a per-rank cache pins the
@@ -205,8 +205,8 @@ void Checkpoints::rechoose_best(CheckpointMeta& state) const {
   const size_t n = state.valid_loss.size();
   const bool have =
       state.valid_iou.size() == n && state.valid_dice.size() == n && state.valid_ods.size() == n;
-  log_.warn("--best-metric ", opt_.best_metric, " replaces the checkpoint's ", state.best_metric,
-            have ? "" : " (no history of it: the best epoch starts over)");
+  log_.warn("--best-metric ", best_metric_name(opt_.best_metric), " replaces the checkpoint's ",
+            state.best_metric, have ? "" : " (no history of it: the best epoch starts over)");
   state.best_epoch = 0;
   double best = 0;
   for (size_t e = 0; have && e < n; ++e) {
@@ -218,7 +218,7 @@ void Checkpoints::rechoose_best(CheckpointMeta& state) const {
     state.best_valid_loss = state.valid_loss[e];
     state.best_score = higher_is_better(opt_.best_metric) ? -k : k;
   }
-  state.best_metric = opt_.best_metric;
+  state.best_metric = best_metric_name(opt_.best_metric);
 }
 
 CheckpointMeta Checkpoints::restore_or_init() {
@@ -266,7 +266,8 @@ CheckpointMeta Checkpoints::restore_or_init() {
         log_.warn("--resume never: starting over; checkpoints in ", opt_.model_dir,
                   " will be overwritten");
     }
-    if (!resumed_from.empty() && state.best_metric != opt_.best_metric) rechoose_best(state);
+    if (!resumed_from.empty() && state.best_metric != best_metric_name(opt_.best_metric))
+      rechoose_best(state);
     if (const std::string changes = loss_changes(state.options, opt_);
         !resumed_from.empty() && !changes.empty())
       log_.warn("checkpoint '", resumed_from, "' was trained with another loss (", changes,

@@ -25,12 +25,20 @@ std::string field(double v, int digits = 9) {
 
 }  // namespace
 
-bool valid_best_metric(const std::string& name) {
-  return name == "valid_loss" || name == "iou" || name == "dice" || name == "ods";
+const Words<BestMetric>& best_metric_words() {
+  static const Words<BestMetric> words = {{"valid_loss", BestMetric::kValidLoss},
+                                          {"iou", BestMetric::kIou},
+                                          {"dice", BestMetric::kDice},
+                                          {"ods", BestMetric::kOds}};
+  return words;
 }
 
-bool higher_is_better(const std::string& metric) {
-  return metric != "valid_loss";
+const std::string& best_metric_name(BestMetric metric) {
+  return word_of(best_metric_words(), metric);
+}
+
+bool higher_is_better(BestMetric metric) {
+  return metric != BestMetric::kValidLoss;
 }
 
 MetricsCsv::MetricsCsv(const std::string& model_dir, int64_t epochs_done)

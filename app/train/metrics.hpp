@@ -6,12 +6,16 @@
 #include <string>
 
 #include "eval/confusion.hpp"
+#include "words.hpp"
 
 namespace dp::app {
 
-// --best-metric: valid_loss (lower is better), iou, dice or ods (higher is better).
-bool valid_best_metric(const std::string& name);
-bool higher_is_better(const std::string& metric);
+// --best-metric: valid_loss (lower is better), iou, dice or ods (higher is better); its word is
+// what logs and checkpoints write.
+enum class BestMetric { kValidLoss, kIou, kDice, kOds };
+const Words<BestMetric>& best_metric_words();
+const std::string& best_metric_name(BestMetric metric);
+bool higher_is_better(BestMetric metric);
 
 struct MetricsRow {
   int64_t epoch = 0;  // 1-based

@@ -9,18 +9,18 @@ namespace dp::app {
 
 std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, ParamStore& params,
                                           Backend& backend) {
-  if (o.optimizer == "adamw")
+  if (o.optimizer == OptimizerKind::kAdamW)
     return std::make_unique<AdamW>(params, backend,
                                    AdamWOptions{float(o.adam_beta1), float(o.adam_beta2),
                                                 float(o.adam_eps), float(o.weight_decay)});
-  DP_CHECK(o.optimizer == "sgd", "unknown optimizer '", o.optimizer, "'");
   return std::make_unique<Sgd>(
       params, backend,
       SgdOptions{float(o.lr), float(o.momentum), float(o.weight_decay), o.nesterov});
 }
 
-std::string auto_lr_schedule(int64_t train_images, int epochs) {
-  return train_images * int64_t(epochs) >= kCosineMinImages ? "cosine" : "constant";
+LrScheduleKind auto_lr_schedule(int64_t train_images, int epochs) {
+  return train_images * int64_t(epochs) >= kCosineMinImages ? LrScheduleKind::kCosine
+                                                            : LrScheduleKind::kConstant;
 }
 
 int64_t cooldown_epochs(const TrainOptions& o) {

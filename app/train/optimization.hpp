@@ -23,7 +23,7 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, ParamStore& par
 // the best on DeepCrack (240 images x 15 epochs) and the worst on CrackForest (72 x 15), whose
 // 135 steps at batch 8 do not reach a good model before the decay; a constant rate there won.
 inline constexpr int64_t kCosineMinImages = 2000;
-std::string auto_lr_schedule(int64_t train_images, int epochs);
+LrScheduleKind auto_lr_schedule(int64_t train_images, int epochs);
 
 // The epochs of --lr-schedule cooldown's decay: --cooldown-epochs, or a fifth of --epochs
 // rounded up (at least 1).

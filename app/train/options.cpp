@@ -105,10 +105,9 @@ OptionTable<TrainOptions> make_train_option_table() {
           "--weight-init pytorch)",
           {positive<double>()})
       .no_default();
-  t.value(optim, "optimizer", &O::optimizer,
-          "adamw or sgd (PyTorch semantics; AdamW is the default since the recipe search on "
-          "DeepCrack and CrackForest, docs/real-data.md)",
-          {one_of({"sgd", "adamw"})});
+  t.choice(optim, "optimizer", &O::optimizer, optimizer_words(),
+           "adamw or sgd (PyTorch semantics; AdamW is the default since the recipe search on "
+           "DeepCrack and CrackForest, docs/real-data.md)");
   t.value(optim, "momentum", &O::momentum, "SGD momentum", {unit_interval()});
   t.flag(optim, "nesterov", &O::nesterov, "SGD with Nesterov momentum");
   t.value(optim, "weight-decay", &O::weight_decay,
@@ -117,13 +116,12 @@ OptionTable<TrainOptions> make_train_option_table() {
   t.value(optim, "adam-beta1", &O::adam_beta1, "AdamW beta1", {unit_interval()});
   t.value(optim, "adam-beta2", &O::adam_beta2, "AdamW beta2", {unit_interval()});
   t.value(optim, "adam-eps", &O::adam_eps, "AdamW epsilon", {positive<double>()});
-  t.value(optim, "lr-schedule", &O::lr_schedule,
-          "per epoch: constant, step (x --lr-gamma every --lr-step epochs), cosine (to 0 at "
-          "--epochs), cooldown (constant, then linearly towards 0 over the last "
-          "--cooldown-epochs), or auto: cosine where the run sees at least 2000 training images "
-          "in all (images x --epochs), else constant (a short run needs its few steps at the full "
-          "rate; docs/real-data.md)",
-          {one_of({"auto", "constant", "step", "cosine", "cooldown"})});
+  t.choice(optim, "lr-schedule", &O::lr_schedule, lr_schedule_words(),
+           "per epoch: constant, step (x --lr-gamma every --lr-step epochs), cosine (to 0 at "
+           "--epochs), cooldown (constant, then linearly towards 0 over the last "
+           "--cooldown-epochs), or auto: cosine where the run sees at least 2000 training images "
+           "in all (images x --epochs), else constant (a short run needs its few steps at the full "
+           "rate; docs/real-data.md)");
   t.value(optim, "cooldown-epochs", &O::cooldown_epochs,
           "epochs of the cooldown schedule's decay: the last N run at lr x N/(N+1), ..., 1/(N+1) "
           "(0: a fifth of --epochs, rounded up)",
@@ -136,9 +134,8 @@ OptionTable<TrainOptions> make_train_option_table() {
           "he, below --width-divisor 8; else 0)",
           {non_negative<int64_t>()})
       .no_default();
-  t.value(optim, "lr-scaling", &O::lr_scaling,
-          "scale --lr by world size x accumulation steps: none, linear or sqrt",
-          {one_of({"none", "linear", "sqrt"})});
+  t.choice(optim, "lr-scaling", &O::lr_scaling, lr_scaling_words(),
+           "scale --lr by world size x accumulation steps: none, linear or sqrt");
   t.value(optim, "clip-grad-norm", &O::clip_grad_norm,
           "clip the global L2 norm of the averaged gradients to this (0: off)",
           {non_negative<double>(" (0: off)")});
@@ -223,7 +220,7 @@ OptionTable<TrainOptions> make_train_option_table() {
           "sbatch --signal=B:USR2@T)");
 
   const std::string devices = "Devices";
-  t.value(devices, "device", &O::device, "auto, cpu or cuda", {one_of({"auto", "cpu", "cuda"})});
+  t.choice(devices, "device", &O::device, device_words(), "auto, cpu or cuda");
   t.flag(devices, "deterministic", &O::deterministic,
          "bitwise reproducible CPU runs: fixed thread count (no OpenMP dynamic adjustment); runs "
          "with the same world size and threads then give identical weights, resumed or not; on "
@@ -264,9 +261,8 @@ OptionTable<TrainOptions> make_train_option_table() {
   t.value(out, "keep-last", &O::keep_last,
           "keep only the newest K epoch checkpoints (0: all); model_best.h5 is never deleted",
           {non_negative<int>(" (0 keeps all)")});
-  t.value(out, "best-metric", &O::best_metric,
-          "chooses model_best.h5: valid_loss (lowest), iou, dice or ods (highest)",
-          {{valid_best_metric, "must be valid_loss, iou, dice or ods"}});
+  t.choice(out, "best-metric", &O::best_metric, best_metric_words(),
+           "chooses model_best.h5: valid_loss (lowest), iou, dice or ods (highest)");
   t.value(out, "patience", &O::patience,
           "stop (exit 0) after N validations in a row without a better --best-metric (0: never)",
           {non_negative<int>(" validations (0: never stop early)")});
@@ -288,10 +284,9 @@ OptionTable<TrainOptions> make_train_option_table() {
           {at_least(1)});
   t.value(output, "log-every", &O::log_every, "steps between progress lines (without the bar)",
           {non_negative<int>()});
-  t.value(output, "progress", &O::progress,
-          "rank 0's progress: bar (redrawn in place), lines (every --log-every steps), or auto "
-          "(bar when stdout and stderr are terminals; under mpirun that means lines)",
-          {one_of({"auto", "bar", "lines"})});
+  t.choice(output, "progress", &O::progress, progress_words(),
+           "rank 0's progress: bar (redrawn in place), lines (every --log-every steps), or auto "
+           "(bar when stdout and stderr are terminals; under mpirun that means lines)");
   t.flag(output, "log-all-ranks", &O::log_all_ranks, "log from every rank with a [rank r] prefix");
   t.flag(output, "report", &O::report,
          "write report.html in --model-dir after every epoch (curves, sample predictions)");
@@ -385,11 +380,12 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   // width /8; AdamW moves every weight by about the rate, so a layer's output moves with its
   // fan-in, and the default recipe's rate follows the width: kAdamWLr x divisor / 8 (/1: 3.75e-4,
   // where /8's rate blows the loss up to 1e8 in two steps; DESIGN "The default recipe").
-  const bool he_adamw = o.optimizer == "adamw" && o.weight_init == ModelConfig::ReluInit::kHe;
+  const bool he_adamw =
+      o.optimizer == OptimizerKind::kAdamW && o.weight_init == ModelConfig::ReluInit::kHe;
   if (vm.count("lr") == 0)
-    o.lr = o.optimizer == "sgd" ? TrainOptions::kSgdLr
-           : he_adamw           ? default_adamw_lr(o.effective_width_divisor())
-                                : TrainOptions::kAdamWPytorchInitLr;
+    o.lr = o.optimizer == OptimizerKind::kSgd ? TrainOptions::kSgdLr
+           : he_adamw                         ? default_adamw_lr(o.effective_width_divisor())
+                                              : TrainOptions::kAdamWPytorchInitLr;
   // Below /8 the default recipe's first steps spike the loss (AdamW's first steps move every
   // weight by about the rate whatever its gradient: 13x the first step's loss at /2), and 20
   // steps of linear warm-up take that away (1.2x; DESIGN "The default recipe"). /8, where the
@@ -418,7 +414,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   } catch (const Error& e) {
     require(false, e.what());
   }
-  require(!o.nesterov || (o.optimizer == "sgd" && o.momentum > 0),
+  require(!o.nesterov || (o.optimizer == OptimizerKind::kSgd && o.momentum > 0),
           "--nesterov needs --optimizer sgd with --momentum > 0");
   require(Loss::crack_weight(o.pos_weight, 1.0f) > 0,
           "--pos-weight must be none, dataset, sqrt or a positive number, got '", o.pos_weight,
@@ -446,6 +442,35 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
 const Words<ModelConfig::ReluInit>& weight_init_words() {
   static const Words<ModelConfig::ReluInit> words = {{"he", ModelConfig::ReluInit::kHe},
                                                      {"pytorch", ModelConfig::ReluInit::kPytorch}};
+  return words;
+}
+
+const Words<OptimizerKind>& optimizer_words() {
+  static const Words<OptimizerKind> words = {{"adamw", OptimizerKind::kAdamW},
+                                             {"sgd", OptimizerKind::kSgd}};
+  return words;
+}
+
+const Words<LrScheduleKind>& lr_schedule_words() {
+  using K = LrScheduleKind;
+  static const Words<K> words = {{"auto", K::kAuto},
+                                 {"constant", K::kConstant},
+                                 {"step", K::kStep},
+                                 {"cosine", K::kCosine},
+                                 {"cooldown", K::kCooldown}};
+  return words;
+}
+
+const Words<LrScaling>& lr_scaling_words() {
+  static const Words<LrScaling> words = {
+      {"none", LrScaling::kNone}, {"linear", LrScaling::kLinear}, {"sqrt", LrScaling::kSqrt}};
+  return words;
+}
+
+const Words<ProgressStyle>& progress_words() {
+  static const Words<ProgressStyle> words = {{"auto", ProgressStyle::kAuto},
+                                             {"bar", ProgressStyle::kBar},
+                                             {"lines", ProgressStyle::kLines}};
   return words;
 }
 

@@ -7,15 +7,21 @@
 #include <string>
 #include <vector>
 
+#include "device.hpp"    // DeviceChoice
+#include "dp/adamw.hpp"  // LrScheduleKind, LrScaling
 #include "dp/backend.hpp"
 #include "dp/error.hpp"
 #include "dp/loader.hpp"
 #include "dp/model.hpp"
 #include "exit_codes.hpp"  // UsageError
+#include "progress.hpp"    // ProgressStyle
 #include "train/fault_injection.hpp"
+#include "train/metrics.hpp"  // BestMetric
 #include "words.hpp"
 
 namespace dp::app {
+
+enum class OptimizerKind { kAdamW, kSgd };
 
 struct TrainOptions {
   // data
@@ -45,25 +51,26 @@ struct TrainOptions {
   // --lr's default per optimiser (AdamW: per --weight-init, whose weights differ in scale)
   static constexpr double kSgdLr = 0.05, kAdamWLr = 3e-3, kAdamWPytorchInitLr = 1e-3;
   double lr = kAdamWLr;
-  std::string optimizer = "adamw";  // adamw | sgd
-  double momentum = 0.9;            // SGD
-  bool nesterov = false;            // SGD
-  double weight_decay = 1e-4;       // SGD: L2 added to the gradient; AdamW: decoupled
+  OptimizerKind optimizer = OptimizerKind::kAdamW;
+  double momentum = 0.9;       // SGD
+  bool nesterov = false;       // SGD
+  double weight_decay = 1e-4;  // SGD: L2 added to the gradient; AdamW: decoupled
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
-  std::string lr_schedule = "auto";  // auto | constant | step | cosine | cooldown (per epoch)
-  int cooldown_epochs = 0;           // cooldown's linear decay (0: a fifth of --epochs)
-  int warmup_epochs = 0;             // linear warm-up epochs
-  int64_t warmup_steps = 0;          // linear warm-up per optimiser step, on top (default: parser)
-  std::string lr_scaling = "none";   // none | linear | sqrt of world size x accumulation steps
-  double clip_grad_norm = 0;         // max global L2 norm of the gradients (0: no clipping)
-  int skip_nonfinite_steps = 0;      // steps with a non-finite loss/gradient skipped before a stop
-  double divergence_factor = 100;    // a step loss above this x the run's first one stops (0: off)
-  int lr_step = 30;                  // epochs between x lr_gamma
+  // Per epoch; auto is resolved from the run's size before the configuration is printed.
+  LrScheduleKind lr_schedule = LrScheduleKind::kAuto;
+  int cooldown_epochs = 0;   // cooldown's linear decay (0: a fifth of --epochs)
+  int warmup_epochs = 0;     // linear warm-up epochs
+  int64_t warmup_steps = 0;  // linear warm-up per optimiser step, on top (default: parser)
+  LrScaling lr_scaling = LrScaling::kNone;  // by world size x accumulation steps
+  double clip_grad_norm = 0;                // max global L2 norm of the gradients (0: no clipping)
+  int skip_nonfinite_steps = 0;    // steps with a non-finite loss/gradient skipped before a stop
+  double divergence_factor = 100;  // a step loss above this x the run's first one stops (0: off)
+  int lr_step = 30;                // epochs between x lr_gamma
   double lr_gamma = 0.1;
   double threshold = 0.5;  // for IoU, Dice, precision, recall
   int tolerance = 0;  // pixels: ODS/OIS/AP count a crack pixel this close to a true one as right
   int val_every = 1;  // epochs between validations (and the last epoch)
-  std::string best_metric = "ods";  // valid_loss | iou | dice | ods: model_best.h5 (DESIGN)
+  BestMetric best_metric = BestMetric::kOds;  // chooses model_best.h5 (DESIGN)
   int patience = 0;      // stop after this many validations without a better best_metric (0: off)
   double min_delta = 0;  // an improvement of best_metric must exceed this (early stopping)
   double ema = 0;        // decay of the weights' moving average (0: off)
@@ -78,10 +85,10 @@ struct TrainOptions {
   uint64_t seed = 42;
   int64_t max_steps = -1;  // stop each epoch after this many steps (tests, smoke runs)
   // execution
-  std::string device = "auto";  // auto | cpu | cuda
-  int threads = 0;              // CPU threads per rank; 0 = OpenMP's default
-  bool deterministic = false;   // no OpenMP dynamic thread adjustment; deterministic cuDNN
-  bool tf32 = true;             // GPU: TF32 tensor cores for fp32 convolutions
+  DeviceChoice device = DeviceChoice::kAuto;
+  int threads = 0;             // CPU threads per rank; 0 = OpenMP's default
+  bool deterministic = false;  // no OpenMP dynamic thread adjustment; deterministic cuDNN
+  bool tf32 = true;            // GPU: TF32 tensor cores for fp32 convolutions
   Precision precision = Precision::kFloat32;  // of the activations and convolutions
   CpuConvAlgo cpu_conv = CpuConvAlgo::kAuto;  // CPU fp32 3x3 convolutions
   // distribution
@@ -104,8 +111,8 @@ struct TrainOptions {
   int save_every = 1;  // epochs between model_epoch_<N>.h5 (the last epoch is always saved)
   int keep_last = 0;   // epoch checkpoints kept, newest first (0: all); model_best.h5 always
   bool log_all_ranks = false;
-  int log_every = 0;              // steps between progress lines (0 = once per epoch)
-  std::string progress = "auto";  // auto | bar | lines (progress.hpp)
+  int log_every = 0;  // steps between progress lines (0 = once per epoch)
+  ProgressStyle progress = ProgressStyle::kAuto;
   // --report: write report.html in model_dir after every epoch (rank 0)
   bool report = false;
   // --tensorboard: write TensorBoard events in model_dir/tb (rank 0)
@@ -120,8 +127,14 @@ struct TrainOptions {
   std::string describe() const;
 };
 
-// --weight-init's words (he, pytorch).
+// The words of --weight-init (he, pytorch), --optimizer (adamw, sgd), --lr-schedule (auto,
+// constant, step, cosine, cooldown), --lr-scaling (none, linear, sqrt) and --progress (auto, bar,
+// lines).
 const Words<ModelConfig::ReluInit>& weight_init_words();
+const Words<OptimizerKind>& optimizer_words();
+const Words<LrScheduleKind>& lr_schedule_words();
+const Words<LrScaling>& lr_scaling_words();
+const Words<ProgressStyle>& progress_words();
 
 // Parses argv. Returns nullopt after printing --help. Throws UsageError on any bad value.
 std::optional<TrainOptions> parse_train_options(int argc, const char* const* argv, bool print_help);

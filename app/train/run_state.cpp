@@ -7,10 +7,17 @@
 
 namespace dp::app {
 
-double best_key(const std::string& metric, double loss, double iou, double dice, double ods) {
-  if (metric == "ods") return -ods;
-  if (metric == "iou") return -iou;
-  if (metric == "dice") return -dice;
+double best_key(BestMetric metric, double loss, double iou, double dice, double ods) {
+  switch (metric) {
+    case BestMetric::kOds:
+      return -ods;
+    case BestMetric::kIou:
+      return -iou;
+    case BestMetric::kDice:
+      return -dice;
+    case BestMetric::kValidLoss:
+      break;
+  }
   return loss;
 }
 
@@ -56,10 +63,13 @@ bool stopping_early(const CheckpointMeta& state, const TrainOptions& o) {
   return o.patience > 0 && state.early_stop_wait >= o.patience;
 }
 
-std::string best_epoch_summary(const CheckpointMeta& state, const std::string& best_metric) {
-  return str_cat(
-      "best epoch ", state.best_epoch, " (", best_metric, " ", fixed(state.best_score, 4),
-      best_metric == "valid_loss" ? "" : str_cat(", loss ", fixed(state.best_valid_loss, 4)), ")");
+std::string best_epoch_summary(const CheckpointMeta& state, BestMetric best_metric) {
+  return str_cat("best epoch ", state.best_epoch, " (", best_metric_name(best_metric), " ",
+                 fixed(state.best_score, 4),
+                 best_metric == BestMetric::kValidLoss
+                     ? ""
+                     : str_cat(", loss ", fixed(state.best_valid_loss, 4)),
+                 ")");
 }
 
 }  // namespace dp::app

@@ -11,7 +11,7 @@ namespace dp::app {
 
 // The --best-metric value (valid_loss, iou, dice or ods) of an epoch, oriented so that lower is
 // better; NaN for an epoch without that metric.
-double best_key(const std::string& metric, double loss, double iou, double dice, double ods);
+double best_key(BestMetric metric, double loss, double iou, double dice, double ods);
 
 // Counts a finished epoch in `state`: its metrics join the history (`valid` NaN: not validated),
 // the best epoch by --best-metric moves to it if it is better (judged on `valid` when the dataset
@@ -25,6 +25,6 @@ bool record_epoch(CheckpointMeta& state, const TrainOptions& o, const EpochMetri
 bool stopping_early(const CheckpointMeta& state, const TrainOptions& o);
 
 // "best epoch B (metric value[, loss L])"
-std::string best_epoch_summary(const CheckpointMeta& state, const std::string& best_metric);
+std::string best_epoch_summary(const CheckpointMeta& state, BestMetric best_metric);
 
 }  // namespace dp::app

@@ -128,17 +128,17 @@ Trainer::Trainer(TrainOptions options, Comm& comm, Logger log)
 // (and every checkpoint) shows what runs: --best-metric ods without a validation split, and
 // --lr-schedule auto.
 void Trainer::resolve_data_choices() {
-  if (opt_.best_metric == "ods" && !data::Dataset::has_split(data_path_, "val")) {
+  if (opt_.best_metric == BestMetric::kOds && !data::Dataset::has_split(data_path_, "val")) {
     log_.info("--best-metric ods: dataset '", data_path_,
               "' has no validation split; the training loss chooses the best epoch");
-    opt_.best_metric = "valid_loss";  // ODS is measured on validation only
+    opt_.best_metric = BestMetric::kValidLoss;  // ODS is measured on validation only
   }
-  if (opt_.lr_schedule == "auto") {
+  if (opt_.lr_schedule == LrScheduleKind::kAuto) {
     const int64_t images = data::Dataset(data_path_, "train").size();
     opt_.lr_schedule = auto_lr_schedule(images, opt_.epochs);
-    log_.info("LR schedule: ", opt_.lr_schedule, " (auto: ", images, " training images x ",
-              opt_.epochs, " epochs = ", images * opt_.epochs,
-              opt_.lr_schedule == "cosine" ? " >= " : " < ", kCosineMinImages, ")");
+    log_.info("LR schedule: ", word_of(lr_schedule_words(), opt_.lr_schedule), " (auto: ", images,
+              " training images x ", opt_.epochs, " epochs = ", images * opt_.epochs,
+              opt_.lr_schedule == LrScheduleKind::kCosine ? " >= " : " < ", kCosineMinImages, ")");
   }
 }
 
@@ -556,7 +556,7 @@ bool Trainer::save_epoch(const EpochRecord& r) {
 }
 
 void Trainer::stamp_state(float lr) {
-  state_.best_metric = opt_.best_metric;
+  state_.best_metric = best_metric_name(opt_.best_metric);
   state_.model = opt_.model;
   state_.width_divisor = opt_.effective_width_divisor();
   state_.deconv = opt_.deconv;
@@ -598,7 +598,7 @@ bool Trainer::already_finished() const {
     log_.info("run already stopped early at epoch ", state_.epoch, ": ",
               best_epoch_summary(state_, opt_.best_metric), ", ", opt_.model_dir, "/",
               kBestCheckpointName, "; ", state_.early_stop_wait, " validation(s) without a better ",
-              opt_.best_metric, " (--patience ", opt_.patience, ")");
+              best_metric_name(opt_.best_metric), " (--patience ", opt_.patience, ")");
     return true;
   }
   if (state_.epoch >= opt_.epochs) {
@@ -646,8 +646,8 @@ int Trainer::run() {
       log_.info("stopped early at epoch ", epoch + 1, ": ",
                 best_epoch_summary(state_, opt_.best_metric), ", ", opt_.model_dir, "/",
                 kBestCheckpointName, " (", state_.early_stop_wait,
-                " validation(s) without a better ", opt_.best_metric, "; --patience ",
-                opt_.patience, ")");
+                " validation(s) without a better ", best_metric_name(opt_.best_metric),
+                "; --patience ", opt_.patience, ")");
       return 0;
     }
     // A signal during validation or the checkpoint: the epoch checkpoint is the resume point.

@@ -48,20 +48,25 @@ void scale_to_max_norm(Backend& backend, float* grads, int64_t count, double nor
 double scheduled_lr(const LrSchedule& s, int64_t epoch) {
   DP_CHECK(epoch >= 0 && s.warmup >= 0 && s.step_size >= 1, "scheduled_lr: epoch ", epoch,
            ", warm-up ", s.warmup, ", step size ", s.step_size);
+  DP_CHECK(s.kind != LrScheduleKind::kAuto, "scheduled_lr: the auto schedule is not resolved");
   if (epoch < s.warmup) return s.base * double(epoch + 1) / double(s.warmup + 1);
-  if (s.kind == "cosine") {
-    const double span = double(std::max<int64_t>(s.epochs - s.warmup, 1));
-    return s.base * 0.5 * (1.0 + std::cos(std::numbers::pi * double(epoch - s.warmup) / span));
+  switch (s.kind) {
+    case LrScheduleKind::kCosine: {
+      const double span = double(std::max<int64_t>(s.epochs - s.warmup, 1));
+      return s.base * 0.5 * (1.0 + std::cos(std::numbers::pi * double(epoch - s.warmup) / span));
+    }
+    case LrScheduleKind::kCooldown: {
+      DP_CHECK(s.cooldown >= 1, "scheduled_lr: cooldown of ", s.cooldown, " epochs");
+      const int64_t left = s.epochs - epoch;  // epochs from this one to the end
+      return left > s.cooldown ? s.base : s.base * double(left) / double(s.cooldown + 1);
+    }
+    case LrScheduleKind::kStep:
+      return s.base * std::pow(s.gamma, double(epoch / s.step_size));
+    case LrScheduleKind::kConstant:
+    case LrScheduleKind::kAuto:
+      break;
   }
-  if (s.kind == "constant") return s.base;
-  if (s.kind == "cooldown") {
-    DP_CHECK(s.cooldown >= 1, "scheduled_lr: cooldown of ", s.cooldown, " epochs");
-    const int64_t left = s.epochs - epoch;  // epochs from this one to the end
-    return left > s.cooldown ? s.base : s.base * double(left) / double(s.cooldown + 1);
-  }
-  DP_CHECK(s.kind == "step", "unknown LR schedule '", s.kind,
-           "' (constant, step, cosine or cooldown)");
-  return s.base * std::pow(s.gamma, double(epoch / s.step_size));
+  return s.base;
 }
 
 double warmup_factor(int64_t step, int64_t warmup_steps) {
@@ -70,11 +75,16 @@ double warmup_factor(int64_t step, int64_t warmup_steps) {
   return step >= warmup_steps ? 1.0 : double(step) / double(warmup_steps);
 }
 
-double lr_scale(const std::string& scaling, int world, int accumulation) {
+double lr_scale(LrScaling scaling, int world, int accumulation) {
   const double n = double(world) * double(accumulation);
-  if (scaling == "linear") return n;
-  if (scaling == "sqrt") return std::sqrt(n);
-  DP_CHECK(scaling == "none", "unknown LR scaling '", scaling, "' (none, linear or sqrt)");
+  switch (scaling) {
+    case LrScaling::kLinear:
+      return n;
+    case LrScaling::kSqrt:
+      return std::sqrt(n);
+    case LrScaling::kNone:
+      break;
+  }
   return 1.0;
 }
 

@@ -512,7 +512,7 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   to.width_divisor = 16;
   to.batch_size = 2;
   to.epochs = 1;
-  to.optimizer = "sgd";  // the checkpoint's (test::train_one_epoch)
+  to.optimizer = app::OptimizerKind::kSgd;  // the checkpoint's (test::train_one_epoch)
   to.resume = checkpoint_;
   to.threshold = threshold;
   to.model_dir = dir_->file("validate");

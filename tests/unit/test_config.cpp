@@ -30,7 +30,7 @@ std::string usage_error(std::vector<const char*> args) {
 // Without --lr each optimiser starts from its own rate (AdamW at SGD's 0.05 diverges), AdamW's
 // by the scale of the initial weights (--weight-init).
 TEST(Config, LearningRateDefaultsPerOptimizerAndInit) {
-  EXPECT_EQ(parse({})->optimizer, "adamw");
+  EXPECT_EQ(parse({})->optimizer, app::OptimizerKind::kAdamW);
   EXPECT_EQ(parse({})->weight_init, ModelConfig::ReluInit::kHe);
   EXPECT_EQ(parse({})->lr, 3e-3);
   EXPECT_EQ(parse({"--weight-init", "pytorch"})->lr, 1e-3);
@@ -59,7 +59,7 @@ TEST(Config, IniValuesWithTheCommandLineWinning) {
   ASSERT_TRUE(o.has_value());
   EXPECT_EQ(o->lr, 0.125);
   EXPECT_EQ(o->batch_size, 3);
-  EXPECT_EQ(o->optimizer, "adamw");
+  EXPECT_EQ(o->optimizer, app::OptimizerKind::kAdamW);
   EXPECT_TRUE(o->cache);
   EXPECT_TRUE(o->tensorboard);  // a switch spelt as 1
   EXPECT_FALSE(parse({})->tensorboard);

@@ -95,7 +95,7 @@ EpochMetrics validated(double loss, double ods) {
 
 TEST(RunState, TheBestEpochFollowsTheBestMetricAndNeverANonFiniteOne) {
   TrainOptions o;
-  o.best_metric = "ods";
+  o.best_metric = app::BestMetric::kOds;
   CheckpointMeta s;
   const EpochMetrics train = validated(1.0, std::nan(""));
   EXPECT_TRUE(record_epoch(s, o, train, validated(0.9, 0.60), true, 1.0));
@@ -112,7 +112,7 @@ TEST(RunState, TheBestEpochFollowsTheBestMetricAndNeverANonFiniteOne) {
 
 TEST(RunState, WithoutAValidationSplitTheTrainingSplitIsJudged) {
   TrainOptions o;
-  o.best_metric = "valid_loss";
+  o.best_metric = app::BestMetric::kValidLoss;
   CheckpointMeta s;
   const EpochMetrics none = validated(std::nan(""), std::nan(""));
   EXPECT_TRUE(record_epoch(s, o, validated(0.8, 0), none, false, 1.0));
@@ -123,7 +123,7 @@ TEST(RunState, WithoutAValidationSplitTheTrainingSplitIsJudged) {
 
 TEST(RunState, EarlyStoppingCountsEpochsWithoutAnImprovementAboveMinDelta) {
   TrainOptions o;
-  o.best_metric = "ods";
+  o.best_metric = app::BestMetric::kOds;
   o.patience = 2;
   o.min_delta = 0.01;
   CheckpointMeta s;

@@ -82,7 +82,7 @@ TEST(LrSchedule, CosineWithWarmupAndStepMatchTorch) {
                              0.0950484434,  0.08117449009, 0.0611260467, 0.0388739533,
                              0.01882550991, 0.004951556605};
   LrSchedule s;
-  s.kind = "cosine";
+  s.kind = LrScheduleKind::kCosine;
   s.base = 0.1;
   s.epochs = 10;
   s.warmup = 3;
@@ -120,12 +120,13 @@ TEST(WeightAverage, WarmupDecayIsTensorFlowsNumUpdatesRamp) {
 }
 
 TEST(LrSchedule, AutoIsCosineFromTwoThousandImagesPerRun) {
-  EXPECT_EQ(app::auto_lr_schedule(240, 15), "cosine");   // DeepCrack's carved split
-  EXPECT_EQ(app::auto_lr_schedule(72, 15), "constant");  // CrackForest
-  EXPECT_EQ(app::auto_lr_schedule(2000, 1), "cosine");   // the bound belongs to cosine
-  EXPECT_EQ(app::auto_lr_schedule(1999, 1), "constant");
+  EXPECT_EQ(app::auto_lr_schedule(240, 15), LrScheduleKind::kCosine);   // DeepCrack's carved split
+  EXPECT_EQ(app::auto_lr_schedule(72, 15), LrScheduleKind::kConstant);  // CrackForest
+  EXPECT_EQ(app::auto_lr_schedule(2000, 1),
+            LrScheduleKind::kCosine);  // the bound belongs to cosine
+  EXPECT_EQ(app::auto_lr_schedule(1999, 1), LrScheduleKind::kConstant);
   LrSchedule c;
-  c.kind = "constant";
+  c.kind = LrScheduleKind::kConstant;
   c.base = 0.1;
   c.epochs = 10;
   for (int e = 0; e < 10; ++e) EXPECT_DOUBLE_EQ(scheduled_lr(c, e), 0.1) << e;
@@ -137,7 +138,7 @@ TEST(LrSchedule, CooldownIsConstantThenLinearToZero) {
   // (tools/reference/optim_reference.py).
   const double want[10] = {0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.075, 0.05, 0.025};
   LrSchedule c;
-  c.kind = "cooldown";
+  c.kind = LrScheduleKind::kCooldown;
   c.base = 0.1;
   c.epochs = 10;
   c.cooldown = 3;
@@ -159,10 +160,10 @@ TEST(LrSchedule, CooldownIsConstantThenLinearToZero) {
 }
 
 TEST(LrSchedule, ScalingByWorldTimesAccumulation) {
-  EXPECT_DOUBLE_EQ(lr_scale("none", 4, 2), 1.0);
-  EXPECT_DOUBLE_EQ(lr_scale("linear", 3, 2), 6.0);
-  EXPECT_DOUBLE_EQ(lr_scale("sqrt", 3, 2), std::sqrt(6.0));
-  EXPECT_THROW(lr_scale("cubic", 1, 1), Error);
+  EXPECT_DOUBLE_EQ(lr_scale(LrScaling::kNone, 4, 2), 1.0);
+  EXPECT_DOUBLE_EQ(lr_scale(LrScaling::kLinear, 3, 2), 6.0);
+  EXPECT_DOUBLE_EQ(lr_scale(LrScaling::kSqrt, 3, 2), std::sqrt(6.0));
+  EXPECT_THROW(app::value_of(app::lr_scaling_words(), "cubic", "lr-scaling"), app::UsageError);
 }
 
 TEST(AdamW, StateRoundTripsThroughCheckpointsAndOtherOptimizersAreRefused) {

@@ -37,11 +37,12 @@ TEST(Progress, Formats) {
 }
 
 TEST(Progress, BarOnlyOnATerminalUnlessAskedFor) {
-  EXPECT_TRUE(app::use_progress_bar("auto", true, true));
-  EXPECT_FALSE(app::use_progress_bar("auto", true, false));  // mpirun: pty stdout, pipe stderr
-  EXPECT_FALSE(app::use_progress_bar("auto", false, false));
-  EXPECT_TRUE(app::use_progress_bar("bar", false, false));
-  EXPECT_FALSE(app::use_progress_bar("lines", true, true));
+  EXPECT_TRUE(app::use_progress_bar(app::ProgressStyle::kAuto, true, true));
+  EXPECT_FALSE(app::use_progress_bar(app::ProgressStyle::kAuto, true,
+                                     false));  // mpirun: pty stdout, pipe stderr
+  EXPECT_FALSE(app::use_progress_bar(app::ProgressStyle::kAuto, false, false));
+  EXPECT_TRUE(app::use_progress_bar(app::ProgressStyle::kBar, false, false));
+  EXPECT_FALSE(app::use_progress_bar(app::ProgressStyle::kLines, true, true));
 }
 
 TEST(Progress, LinesEveryLogEveryStepsAndABarRedrawnInPlace) {

@@ -148,8 +148,8 @@ app::TrainOptions tiny_training(const std::string& data, const std::string& mode
   o.width_divisor = 16;
   // SGD at a constant rate: the equivalences' tolerances are SGD's (AdamW divides each update by
   // its gradient's running size, which magnifies reduction-order rounding in tiny gradients).
-  o.optimizer = "sgd";
-  o.lr_schedule = "step";
+  o.optimizer = app::OptimizerKind::kSgd;
+  o.lr_schedule = LrScheduleKind::kStep;
   o.lr = 0.05;
   // PyTorch's initialisation, whose scale these rates were chosen for (He's weights at SGD 0.05
   // blow up the sync-BN ResNet34 /4 run within three steps).

@@ -58,8 +58,11 @@ void scale_to_max_norm(Backend& backend, float* grads, int64_t count, double nor
 //           LinearLR; the warm-up-stable-decay schedule of Hu et al. 2024, Hägele et al. 2024)
 // During the first `warmup` epochs the LR is base * (epoch + 1) / (warmup + 1) (LinearLR with
 // start_factor 1/(warmup+1), reaching base at epoch `warmup`).
+// kAuto is a caller's choice between the others (dptrain's --lr-schedule auto), resolved before
+// scheduled_lr, which refuses it.
+enum class LrScheduleKind { kAuto, kConstant, kStep, kCosine, kCooldown };
 struct LrSchedule {
-  std::string kind = "step";  // constant | step | cosine | cooldown
+  LrScheduleKind kind = LrScheduleKind::kStep;
   double base = 0.01;
   int64_t epochs = 1;
   int64_t warmup = 0;
@@ -78,6 +81,7 @@ double warmup_factor(int64_t step, int64_t warmup_steps);
 
 // --lr-scaling: the factor for --lr with `world` ranks and `accumulation` micro-batches per step
 // (the global batch grows by world x accumulation): none 1, linear n, sqrt sqrt(n).
-double lr_scale(const std::string& scaling, int world, int accumulation);
+enum class LrScaling { kNone, kLinear, kSqrt };
+double lr_scale(LrScaling scaling, int world, int accumulation);
 
 }  // namespace dp
