@@ -2,10 +2,12 @@
 #include "train/fault_injection.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <thread>
 #include <utility>
 
 #include "dp/error.hpp"
@@ -22,7 +24,8 @@ PlantedFault parse_planted_fault(const std::string& text) {
   static const std::map<std::string, PlantedFault::Kind> kKinds = {
       {"fail", PlantedFault::Kind::kFail},
       {"preempt", PlantedFault::Kind::kPreempt},
-      {"nonfinite", PlantedFault::Kind::kNonFinite}};
+      {"nonfinite", PlantedFault::Kind::kNonFinite},
+      {"hold", PlantedFault::Kind::kHold}};
   const auto at = text.find('@');
   const auto kind = kKinds.find(text.substr(0, at));
   PlantedFault f;
@@ -32,7 +35,7 @@ PlantedFault parse_planted_fault(const std::string& text) {
       std::sscanf(text.c_str() + at + 1, "%d:%lld%c", &f.rank, &step, &extra) != 2 || f.rank < 0 ||
       step < 1) {
     throw UsageError(str_cat(kOption,
-                             " must be fail, preempt or nonfinite @RANK:STEP with STEP >= 1",
+                             " must be fail, preempt, nonfinite or hold @RANK:STEP with STEP >= 1",
                              " (or ", kPreemptAtStart, "), got '", text, "'"));
   }
   f.kind = kind->second;
@@ -57,6 +60,13 @@ void FaultInjection::at_step(int64_t run_step, double& loss) const {
       case PlantedFault::Kind::kPreempt:
         std::raise(preemption_signals().front());
         break;
+      case PlantedFault::Kind::kHold: {
+        const auto until =
+            std::chrono::steady_clock::now() + std::chrono::seconds(kHoldLimitSeconds);
+        while (preemption_signal() == 0 && std::chrono::steady_clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        break;
+      }
     }
   }
 }

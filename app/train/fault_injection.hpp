@@ -14,10 +14,13 @@ namespace dp::app {
 //   preempt    that rank raises the first preemption signal, so the job stops after the step
 //              (tests/mpi/test_resume_mpi.cpp, tests/e2e/preemption_cli.cpp);
 //   nonfinite  that rank's loss becomes NaN, its gradients stay finite (tests/e2e/fault_guards.cpp:
-//              the non-finite guard names that rank).
+//              the non-finite guard names that rank);
+//   hold       that rank waits until a preemption signal arrives (at most kHoldLimit), so that a
+//              test signals the job from outside in a known step however late the signal comes
+//              (tests/slurm/run_slurm_test.sh: Slurm once took 9 s to deliver one).
 // `--test-fault preempt-at-start` raises the signal before MPI starts (app/dptrain.cpp).
 struct PlantedFault {
-  enum class Kind { kFail, kPreempt, kNonFinite };
+  enum class Kind { kFail, kPreempt, kNonFinite, kHold };
   Kind kind = Kind::kFail;
   int rank = -1;
   int64_t step = -1;
@@ -29,6 +32,8 @@ PlantedFault parse_planted_fault(const std::string& text);
 // Whether argv holds --test-fault preempt-at-start (read before the options are parsed).
 bool preempt_at_start_in_argv(int argc, const char* const* argv);
 inline constexpr const char* kPreemptAtStart = "preempt-at-start";
+
+inline constexpr int kHoldLimitSeconds = 240;
 
 class FaultInjection {
  public:

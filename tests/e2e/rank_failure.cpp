@@ -81,7 +81,7 @@ TEST_F(Failure, MalformedHookIsAUsageError) {
   const auto r = test::run_command(dptrain(2, common() + " --test-fault fail@one"));
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_EQ(count(r.output, "dptrain: error:"), 1) << r.output;
-  EXPECT_NE(r.output.find("--test-fault must be fail, preempt or nonfinite @RANK:STEP"),
+  EXPECT_NE(r.output.find("--test-fault must be fail, preempt, nonfinite or hold @RANK:STEP"),
             std::string::npos)
       << r.output;
 }

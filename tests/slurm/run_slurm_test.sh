@@ -9,12 +9,15 @@
 #  1. munged with its own key and socket; slurm.conf for one node named after `hostname -s`
 #     (CPUs=2, free ports, state/spool/log/pid files in the folder); slurmctld and slurmd.
 #  2. `dpprep synth` writes a tiny dataset; `sbatch jobscripts/slurm/train-cpu.sbatch` trains on
-#     it with 2 ranks (width divisor 16, 32x32 images, 3 epochs of 9216 steps), once with
-#     LAUNCHER=srun (PMIx) and once with LAUNCHER=mpirun (DP_SLURM_TEST_LAUNCHERS picks).
+#     it with 2 ranks (width divisor 16, 32x32 images, 3 epochs of 1024 steps), once with
+#     LAUNCHER=srun (PMIx) and once with LAUNCHER=mpirun (DP_SLURM_TEST_LAUNCHERS picks). Rank 0
+#     holds in step 26 of epoch 2 until a preemption signal arrives (the hidden --test-fault
+#     hold@0:STEP), so the signal lands mid-epoch however long Slurm and this machine's load take
+#     to bring it (once 9 s, once a 36 s late poll: more than a whole epoch).
 #  3. Once the job has logged a step of epoch 2, `scancel --signal=USR1 --batch JOB` (what
 #     `--signal=B:USR1@<grace>` does near the time limit; USR2 and PREEMPT_SIGNAL=USR2, so
 #     dptrain --preempt-signal USR2, for the mpirun job): the batch shell passes the signal on,
-#     dptrain writes model_epoch_1_step_<S>.h5 and exits 75, the script runs `scontrol requeue`.
+#     dptrain writes model_epoch_1_step_26.h5 and exits 75, the script runs `scontrol requeue`.
 #  4. The requeued job (Restarts=1) is released (StartTime=now; Slurm would hold it back for about
 #     two minutes), resumes at that step and finishes all 3 epochs; the job log must show each stage.
 #  5. Every daemon it started is stopped by its pid file; the folder is removed.
@@ -31,9 +34,11 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 sbatch_script=$repo/jobscripts/slurm/train-cpu.sbatch
 
 EPOCHS=3                              # epochs the job must finish with
-# 2 ranks x batch 2 -> 9216 steps per epoch (about 16-20 s): Slurm once took 9 s to bring the
-# signal to the batch shell, the whole of a 4608-step epoch, and it landed at the epoch's end.
-TRAIN_SAMPLES=36864
+TRAIN_SAMPLES=4096                    # 2 ranks x batch 2 -> 1024 steps per epoch
+# The step of epoch 2 that waits for the signal: the one after epoch 2's first progress line
+# (--log-every 25), which the test waits for before it signals, so the signal cannot come earlier.
+HOLD_STEP=26
+HOLD_RUN_STEP=$((TRAIN_SAMPLES / 4 + HOLD_STEP))  # the same, counted over the run
 BUDGET_S=${DP_SLURM_TEST_BUDGET_S:-300}  # the test fails (not hangs) past this; ctest kills at 360
 start_s=$SECONDS
 
@@ -248,7 +253,7 @@ work=$tmp/work
 # Open MPI refuses root without these two (CI runs as root).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export DATA=$work/synth.h5 MODEL=unet16 EPOCHS=$EPOCHS BATCH_SIZE=2 LR=0.01 DPTRAIN \
-  EXTRA_ARGS="--width-divisor 16 --log-every 25 --workers 1"
+  EXTRA_ARGS="--width-divisor 16 --log-every 25 --workers 1 --test-fault hold@0:$HOLD_RUN_STEP"
 
 job_field() {  # job_field NAME: the current job's NAME=value from scontrol
   scontrol -o show job "$job" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n 1
@@ -281,8 +286,8 @@ run_job() {
   joblog=$work/job-$job.out
   log "LAUNCHER=$LAUNCHER: submitted job $job"
 
-  # Preempt once epoch 2 is under way: a step line of epoch 2 (over 9000 steps, some 16 s, are
-  # left: room for a slow poll on a loaded machine, where 1500 steps once ran out).
+  # Preempt once epoch 2 is under way: a step line of epoch 2 (rank 0 then holds in its step
+  # HOLD_STEP until the signal comes).
   wait_for 120 "a training step of epoch 2 in $joblog" epoch2_or_end
   log "epoch 2 running: scancel --signal=$PREEMPT_SIGNAL --batch $job"
   scancel --signal="$PREEMPT_SIGNAL" --batch "$job" ||
@@ -314,7 +319,8 @@ run_job() {
   where=$(grep -Eo 'preempted in epoch [0-9]+ after step [0-9]+' "$joblog" | head -n 1)
   [[ -n $where ]] || fail "no 'preempted in epoch E after step S' line: the signal did not land mid-epoch"
   read -r epoch step <<<"$(sed -E 's/preempted in epoch ([0-9]+) after step ([0-9]+)/\1 \2/' <<<"$where")"
-  (( epoch >= 2 && epoch <= EPOCHS )) || fail "preempted in epoch $epoch, expected 2..$EPOCHS"
+  (( epoch == 2 && step == HOLD_STEP )) ||
+    fail "preempted in epoch $epoch after step $step, expected epoch 2 after step $HOLD_STEP (the held one)"
   log_has 'exited with 75' || fail "the wrapper did not report dptrain's exit code 75"
   log_has 'requeueing job '"$job" || fail "the wrapper did not requeue"
   log_has 'restart count 1' || fail "no second run (restart count 1) in the log"
