@@ -13,6 +13,7 @@
 #include "dp/error.hpp"
 #include "dp/log.hpp"
 #include "dp/mpi_comm.hpp"
+#include "polling_wait.hpp"
 #include "ring_allreduce.hpp"
 
 namespace dp::mpi {
@@ -126,8 +127,7 @@ class MpiGradReducer final : public GradReducer {
       for (int b = 0; b < static_cast<int>(plan_.buckets().size()); ++b) issue(b);
     if (ring_) ring_->wait();
     if (requests_.empty()) return;
-    DP_MPI_CHECK(
-        MPI_Waitall(static_cast<int>(requests_.size()), requests_.data(), MPI_STATUSES_IGNORE));
+    wait_all_yielding(requests_);
     requests_.clear();
   }
 

@@ -6,6 +6,7 @@
 
 #include "dp/error.hpp"
 #include "dp/mpi_comm.hpp"
+#include "polling_wait.hpp"
 
 namespace dp::mpi {
 namespace {
@@ -100,10 +101,8 @@ void RingAllreduce::wait() {
   for (;;) {
     progress();
     if (idle()) return;
-    // Nothing can advance locally: sleep until any posted request of any lane completes.
-    int count = 0;
-    DP_MPI_CHECK(MPI_Waitsome(static_cast<int>(requests_.size()), requests_.data(), &count,
-                              completed.data(), MPI_STATUSES_IGNORE));
+    // Nothing can advance locally: wait until any posted request of any lane completes.
+    wait_some_yielding(requests_, completed);
   }
 }
 

@@ -20,9 +20,9 @@ namespace dp::mpi {
 // message size allocated per call), it moves the minimum: 2(p-1)/p of the piece per rank, into
 // scratch allocated once.
 // Up to `lanes` pieces advance together, each lane with its own scratch and tag; pieces are given
-// to lanes round-robin. Each lane's current step is always posted, and wait() sleeps only in
-// MPI_Waitsome over every lane's requests, so no rank can sleep on one lane while a peer waits
-// for it on another.
+// to lanes round-robin. Each lane's current step is always posted, and wait() waits only for
+// any of every lane's requests (polling_wait.hpp), so no rank can sleep on one lane while a peer
+// waits for it on another.
 class RingAllreduce {
  public:
   // `comm` (not owned) must outlive this object; pieces hold at most max_count elements.
