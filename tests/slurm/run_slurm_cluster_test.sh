@@ -12,9 +12,10 @@
 #     /tmp, as real nodes have: the nodes would otherwise share Slurm's PMIx folders there.
 #  2. `DEVICE=cpu sbatch --gres=none --nodes=2 --ntasks-per-node=1 train-multinode.sbatch` with
 #     LAUNCHER=srun (--mpi=pmix; DP_SLURM_TEST_SRUN_MPI=pmi2 in the MPICH build), EPOCHS=2: 2
-#     ranks on 2 nodes. Once epoch 2 runs, `scancel --signal=USR1 --batch JOB`: dptrain writes
-#     model_epoch_1_step_<S>.h5 and exits 75, the script requeues the job; released, it resumes at
-#     that step on the 2 nodes and finishes. Then the same with LAUNCHER=mpirun and EPOCHS=3
+#     ranks on 2 nodes. Once epoch 2 runs, `scancel --signal=USR1 --batch JOB` (rank 0 holds in
+#     step 26 of the epoch until the signal comes: --test-fault hold, as in run_slurm_test.sh):
+#     dptrain writes model_epoch_1_step_26.h5 and exits 75, the script requeues the job;
+#     released, it resumes at that step on the 2 nodes and finishes. Then the same with LAUNCHER=mpirun and EPOCHS=3
 #     (preempted in epoch 3), where DP_SLURM_TEST_LAUNCHERS (default "srun mpirun") has it.
 #  3. The same model dir with --nodes=1 (srun, 1 rank) and one epoch more: resumed from the
 #     2-node runs' last epoch, the next one trained on one node.
@@ -35,6 +36,7 @@ sbatch_script=$repo/jobscripts/slurm/train-multinode.sbatch
 source "$repo/tests/cluster/cluster.sh"
 
 TRAIN_SAMPLES=8000                       # 2 ranks x batch 2 -> 2000 steps per epoch (about 4 s on 2 cores)
+HOLD_STEP=26  # the step of the preempted epoch that waits for the signal: after its first line
 BUDGET_S=${DP_SLURM_TEST_BUDGET_S:-200}  # the test fails (not hangs) past this; ctest kills later
 start_s=$SECONDS
 
@@ -216,7 +218,8 @@ work=$tmp/work
 # refuses root without the first two (CI runs as root).
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export DEVICE=cpu DATA=$work/synth.h5 MODEL=unet16 BATCH_SIZE=2 LR=0.01 WORKERS=1 DPTRAIN \
-  MODEL_DIR=$work/run EXTRA_ARGS="--width-divisor 16 --log-every 25"
+  MODEL_DIR=$work/run
+train_args="--width-divisor 16 --log-every 25"
 
 job_field() {  # job_field NAME: the current job's NAME=value from scontrol
   ctl scontrol -o show job "$job" 2>/dev/null | tr ' ' '\n' | sed -n "s/^$1=//p" | head -n 1
@@ -251,6 +254,7 @@ show_job() {
 preempt_cycle() {
   local launcher=$1 e=$2 state exit_code restarts where epoch step
   export EPOCHS=$e LAUNCHER=$launcher SRUN_ARGS=${3:-}
+  export EXTRA_ARGS="$train_args --test-fault hold@0:$(((e - 1) * TRAIN_SAMPLES / 4 + HOLD_STEP))"
   submit --nodes=2 --ntasks-per-node=1
   log "job $job: 2 nodes x 1 rank ($launcher${SRUN_ARGS:+ $SRUN_ARGS}), EPOCHS=$e"
   wait_for 90 "a training step of epoch $e in $joblog" epoch_running_or_end "$e"
@@ -273,7 +277,8 @@ preempt_cycle() {
   where=$(grep -Eo 'preempted in epoch [0-9]+ after step [0-9]+' "$joblog" | head -n 1)
   [[ -n $where ]] || fail "no 'preempted in epoch E after step S' line: the signal did not land mid-epoch"
   read -r epoch step <<<"$(sed -E 's/preempted in epoch ([0-9]+) after step ([0-9]+)/\1 \2/' <<<"$where")"
-  ((epoch == e)) || fail "preempted in epoch $epoch, expected $e"
+  ((epoch == e && step == HOLD_STEP)) ||
+    fail "preempted in epoch $epoch after step $step, expected epoch $e after step $HOLD_STEP (the held one)"
   log_has 'exited with 75' || fail "the wrapper did not report dptrain's exit code 75"
   log_has "requeueing job $job" || fail "the wrapper did not requeue"
   log_has "resumed from epoch $((e - 1)) \\(.*model_epoch_$((e - 1))_step_${step}\\.h5.*epoch $e continues after its step $step " ||
@@ -293,7 +298,7 @@ for launcher in ${DP_SLURM_TEST_LAUNCHERS:-srun mpirun}; do
 done
 
 # 2. The same model dir on one node (1 rank, srun): a changed node count resumes.
-export EPOCHS=$((e + 1)) LAUNCHER=srun SRUN_ARGS=$srun_mpi
+export EPOCHS=$((e + 1)) LAUNCHER=srun SRUN_ARGS=$srun_mpi EXTRA_ARGS=$train_args
 submit --nodes=1 --ntasks-per-node=1
 log "job $job: 1 node x 1 rank (srun $srun_mpi), EPOCHS=$EPOCHS"
 wait_for 60 "job $job to finish" finished
