@@ -36,11 +36,12 @@ ctest --preset "${DP_PRESET:-default}" -j "$jobs" --timeout 600 || status=$?
 [[ -z $builder ]] || wait "$builder" || { cat build/halves-build.log; exit 1; }
 ((${#halves[@]} > 0)) || exit "$status"
 
-# The other halves' tests side by side, each with half the slots; each log printed when both end.
+# The other halves' tests side by side, each with three quarters of the slots (the one that ends
+# later then has most of them); each log printed when both end.
 pids=()
 for preset in "${halves[@]}"; do
   # shellcheck disable=SC2086  # the filter is two words
-  ctest --preset "$preset" -j "$((jobs / 2))" --timeout 600 ${filter[$preset]} \
+  ctest --preset "$preset" -j "$((jobs * 3 / 4))" --timeout 600 ${filter[$preset]} \
     >"build/ctest-$preset.log" 2>&1 &
   pids+=($!)
 done
