@@ -53,10 +53,7 @@ int run(int argc, char** argv) {
                         "fold batch norm into the convolution before it (the default)")(
       "keep-bn", po::bool_switch(&keep_bn), "keep BatchNormalization nodes")("help,h",
                                                                              "show this help");
-  for (int i = 1; i < argc; ++i)
-    if (const std::string word = dp::app::boost_placeholder_in(argv[i]); !word.empty())
-      throw UsageError(
-          dp::str_cat("argument '", argv[i], "': '", word, "' is not allowed in options"));
+  dp::app::refuse_placeholders_in_argv(argc, argv);
   // Words that are not options are collected under a hidden name and refused.
   constexpr const char* kStray = "stray-arguments";
   std::vector<std::string> stray;

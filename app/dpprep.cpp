@@ -441,9 +441,7 @@ void print_help() {
 int run(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) throw UsageError("no command given (try 'dpprep --help')");
-  for (const std::string& a : args)
-    if (const std::string word = dp::app::boost_placeholder_in(a); !word.empty())
-      throw UsageError(dp::str_cat("argument '", a, "': '", word, "' is not allowed in options"));
+  dp::app::refuse_placeholders_in_argv(argc, argv);
   const std::string& name = args.front();
   if (name == "--help" || name == "-h" || name == "help") {
     print_help();

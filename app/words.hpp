@@ -33,6 +33,12 @@ inline Rule<std::string> one_of(std::vector<std::string> words) {
           "must be " + list};
 }
 
+// A UsageError of `msg` unless `ok`: the checks between options that no one option's rule says.
+template <class... Msg>
+void require(bool ok, const Msg&... msg) {
+  if (!ok) throw UsageError(str_cat(msg...));
+}
+
 // The words an enum option accepts and the value each names, in --help's order.
 template <class E>
 using Words = std::vector<std::pair<std::string, E>>;

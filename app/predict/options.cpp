@@ -199,9 +199,7 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   po::positional_options_description positional;
   positional.add("input", -1);
 
-  for (int i = 1; i < argc; ++i)
-    if (const std::string word = boost_placeholder_in(argv[i]); !word.empty())
-      throw UsageError(str_cat("argument '", argv[i], "': '", word, "' is not allowed in options"));
+  refuse_placeholders_in_argv(argc, argv);
   po::variables_map vm;
   try {
     po::store(po::command_line_parser(argc, argv).options(bound.all).positional(positional).run(),
@@ -217,9 +215,6 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
   table.check(o);
   // What one option's rules cannot say: options given or not, and options that depend on each
   // other.
-  auto require = [](bool ok, auto&&... msg) {
-    if (!ok) throw UsageError(str_cat(msg...));
-  };
   const bool files = !o.inputs.empty() || !o.list.empty();
   if (vm.count("pixel-size"))
     require(o.pixel_size_mm > 0 && std::isfinite(o.pixel_size_mm),

@@ -317,12 +317,6 @@ std::string TrainOptions::describe() const {
 
 namespace {
 
-// A "%word%" would hang Boost's error formatting (app/placeholders.hpp).
-void refuse_placeholders(const std::string& text, const std::string& where) {
-  if (const std::string word = boost_placeholder_in(text); !word.empty())
-    throw UsageError(str_cat(where, ": '", word, "' is not allowed in options"));
-}
-
 // Reads an INI file of options into `vm` (values already there, from the command line, stay).
 // An unknown key, a bad value or an unreadable file is a UsageError naming the file.
 void store_config_file(const std::string& path, const po::options_description& options,
@@ -357,7 +351,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "tests: plant a fault, KIND@RANK:STEP or preempt-at-start (train/fault_injection.hpp)");
 
   po::variables_map vm;
-  for (int i = 1; i < argc; ++i) refuse_placeholders(argv[i], str_cat("argument '", argv[i], "'"));
+  refuse_placeholders_in_argv(argc, argv);
   try {
     po::store(po::command_line_parser(argc, argv).options(bound.all).run(), vm);
   } catch (const po::error& e) {
@@ -405,9 +399,6 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
   train_option_table().check(o);
   // What one option's rules cannot say: values parsed by the library that uses them, and
   // options that depend on each other.
-  auto require = [](bool ok, auto&&... msg) {
-    if (!ok) throw UsageError(str_cat(msg...));
-  };
   try {  // --random-crop and --scale-jitter (parsed by the data library)
     data::LoaderOptions crop;
     data::parse_crop(o.random_crop, o.scale_jitter, crop);
