@@ -13,7 +13,7 @@ namespace {
 using app::kExitPreempted;
 
 std::string dptrain(int np, const std::string& args) {
-  return test::mpiexec_command(DP_MPIEXEC, np, DP_DPTRAIN, args);
+  return test::mpiexec_command(test::mpiexec(), np, test::program("dptrain"), args);
 }
 
 TEST(Retention, SaveEveryWritesEveryEEpochsAndTheLast) {

@@ -29,12 +29,13 @@ int count(const std::string& text, const std::string& what) {
 class DataCli : public ::testing::Test {
  protected:
   test::CommandResult dpprep(const std::string& args) const {
-    return test::run_command(std::string(DP_DPPREP) + " " + args);
+    return test::run_command(std::string(test::program("dpprep")) + " " + args);
   }
   test::CommandResult dptrain(int np, const std::string& data, const std::string& extra = "") {
-    return test::run_command(std::string(DP_MPIEXEC) + " -n " + std::to_string(np) + " " +
-                             DP_DPTRAIN + " --data " + data + " --model-dir " + dir_.file("run") +
-                             " --width-divisor 16 --batch-size 2 --epochs 1 " + extra);
+    return test::run_command(test::mpiexec() + " -n " + std::to_string(np) + " " +
+                             test::program("dptrain") + " --data " + data + " --model-dir " +
+                             dir_.file("run") + " --width-divisor 16 --batch-size 2 --epochs 1 " +
+                             extra);
   }
   // Without a validation split unless the test asks for one (3 pairs have none to spare).
   std::string build_args() const {
@@ -143,9 +144,10 @@ TEST_F(DataCli, BuildRejectsAFileThatIsNoImage) {
 // Boost.Program_options 1.74 loops forever formatting the error about a value holding one of its
 // own placeholders: such an argument is refused first (timeout: a regression fails, not hangs).
 TEST_F(DataCli, ABoostPlaceholderInAnArgumentIsAnErrorNotAHang) {
-  expect_error(test::run_command("timeout 60 " + std::string(DP_DPPREP) + " build --images " +
-                                 dir_.file("images") + " --masks m --out o --gzip %value%"),
-               "dpprep", 2, {"argument '%value%': '%value%' is not allowed in options"});
+  expect_error(
+      test::run_command("timeout 60 " + std::string(test::program("dpprep")) + " build --images " +
+                        dir_.file("images") + " --masks m --out o --gzip %value%"),
+      "dpprep", 2, {"argument '%value%': '%value%' is not allowed in options"});
 }
 
 TEST_F(DataCli, BuildRejectsAnUnreadableImage) {

@@ -650,12 +650,13 @@ class TilesCli : public ::testing::Test {
 TEST_F(TilesCli, MixedSizesAndLargePhotographsTrainOnTwoRanks) {
   // Mixed sizes: tiles of 32x32.
   write_mixed(dir_.file("mixed"));
-  auto r = run(std::string(DP_DPPREP) + " build --images " + dir_.file("mixed/images") +
-               " --masks " + dir_.file("mixed/masks") + " --out " + dir_.file("mixed.h5") +
-               " --tile 32x32 --val-fraction 0.25 --min-crack-fraction 0.01 --keep-below 0.3");
+  auto r =
+      run(std::string(test::program("dpprep")) + " build --images " + dir_.file("mixed/images") +
+          " --masks " + dir_.file("mixed/masks") + " --out " + dir_.file("mixed.h5") +
+          " --tile 32x32 --val-fraction 0.25 --min-crack-fraction 0.01 --keep-below 0.3");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "tiles from 4 image(s)")) << r.output;
-  r = run(std::string(DP_DPPREP) + " info " + dir_.file("mixed.h5"));
+  r = run(std::string(test::program("dpprep")) + " info " + dir_.file("mixed.h5"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "tile_height = 32")) << r.output;
   EXPECT_TRUE(contains(r.output,
@@ -676,13 +677,13 @@ TEST_F(TilesCli, MixedSizesAndLargePhotographsTrainOnTwoRanks) {
   o.width = 320;
   o.prefix = "big";
   test::write_pairs(dir_.file("large"), o);
-  r = run(std::string(DP_DPPREP) + " build --images " + dir_.file("large/images") + " --masks " +
-          dir_.file("large/masks") + " --out " + dir_.file("large.h5") +
+  r = run(std::string(test::program("dpprep")) + " build --images " + dir_.file("large/images") +
+          " --masks " + dir_.file("large/masks") + " --out " + dir_.file("large.h5") +
           " --tile 64x64 --stride 64 --val-fraction 0.34");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_TRUE(contains(r.output, "tiles from 3 image(s)")) << r.output;
 
-  const std::string train = std::string(DP_MPIEXEC) + " -n 2 " + DP_DPTRAIN +
+  const std::string train = test::mpiexec() + " -n 2 " + test::program("dptrain") +
                             " --width-divisor 16 --batch-size 2 --epochs 1 --workers 2";
   r = run(train + " --data " + dir_.file("mixed.h5") + " --model-dir " + dir_.file("run1"));
   ASSERT_EQ(r.status, 0) << r.output;
@@ -706,14 +707,15 @@ TEST_F(TilesCli, MixedSizesAndLargePhotographsTrainOnTwoRanks) {
   EXPECT_TRUE(contains(r.output, "invalid --random-crop '32'")) << r.output;
 
   // dpprep: a tile larger than every image, and --stride without --tile.
-  r = run(std::string(DP_DPPREP) + " build --images " + dir_.file("large/images") + " --masks " +
-          dir_.file("large/masks") + " --out " + dir_.file("x.h5") + " --tile 512x64");
+  r = run(std::string(test::program("dpprep")) + " build --images " + dir_.file("large/images") +
+          " --masks " + dir_.file("large/masks") + " --out " + dir_.file("x.h5") +
+          " --tile 512x64");
   EXPECT_NE(r.status, 0);
   EXPECT_TRUE(contains(r.output, "smaller than the tile 512x64; give a smaller --tile"))
       << r.output;
   EXPECT_FALSE(fs::exists(dir_.file("x.h5")));
-  r = run(std::string(DP_DPPREP) + " build --images " + dir_.file("large/images") + " --masks " +
-          dir_.file("large/masks") + " --out " + dir_.file("x.h5") + " --stride 8");
+  r = run(std::string(test::program("dpprep")) + " build --images " + dir_.file("large/images") +
+          " --masks " + dir_.file("large/masks") + " --out " + dir_.file("x.h5") + " --stride 8");
   EXPECT_NE(r.status, 0);
   EXPECT_EQ(count(r.output, "dpprep: error:"), 1) << r.output;
   EXPECT_TRUE(contains(r.output, "--stride, --min-crack-fraction and --keep-below need --tile"))

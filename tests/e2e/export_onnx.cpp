@@ -134,7 +134,7 @@ class Export : public ::testing::Test {
 
   // dpexport's exit status and output.
   static test::CommandResult dpexport(const std::string& args) {
-    return test::run_command(std::string(DP_DPEXPORT) + " " + args + " 2>&1");
+    return test::run_command(std::string(test::program("dpexport")) + " " + args + " 2>&1");
   }
 
   // Random 8-bit images of n x h x w as the model takes them, and the logits dppredict's network

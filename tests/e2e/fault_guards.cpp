@@ -27,8 +27,8 @@ namespace fs = std::filesystem;
 constexpr int kKillAfterSeconds = 120;
 
 std::string mpiexec(int np) {
-  return "timeout -k 5 " + std::to_string(kKillAfterSeconds) + " " + std::string(DP_MPIEXEC) +
-         " -n " + std::to_string(np) + " ";
+  return "timeout -k 5 " + std::to_string(kKillAfterSeconds) + " " + test::mpiexec() + " -n " +
+         std::to_string(np) + " ";
 }
 
 int count(const std::string& text, const std::string& what) {
@@ -79,7 +79,7 @@ class Faults : public ::testing::Test {
   }
   // SGD: the checks below read and write its one-tensor state (momentum) beside the weights.
   std::string args(const std::string& model_dir, int epochs) const {
-    return std::string(DP_DPTRAIN) + " --data " + data_ +
+    return std::string(test::program("dptrain")) + " --data " + data_ +
            " --width-divisor 16 --batch-size 2 --optimizer sgd --epochs " + std::to_string(epochs) +
            " --model-dir " + model_dir;
   }

@@ -15,7 +15,7 @@ constexpr int kEnotsupp = 524;   // Cray DVS (the kernel's ENOTSUPP)
 constexpr int kEnosys = 38;      // HDF5 1.10.7+ ignores this one by itself
 
 std::string without_locks(int error, const std::string& command) {
-  return "env LD_PRELOAD=" + std::string(DP_NOLOCK_SHIM) +
+  return "env LD_PRELOAD=" + test::program("nolock_shim") +
          " DP_NOLOCK_ERRNO=" + std::to_string(error) + " " + command;
 }
 
@@ -34,8 +34,8 @@ class FileLocks : public ::testing::Test {
 
 TEST_F(FileLocks, DatasetsAreReadWhereLocksFail) {
   for (int error : {kEopnotsupp, kEnotsupp}) {
-    const auto r =
-        test::run_command(without_locks(error, std::string(DP_DPPREP) + " info " + data_));
+    const auto r = test::run_command(
+        without_locks(error, std::string(test::program("dpprep")) + " info " + data_));
     EXPECT_EQ(r.status, 0) << "errno " << error << "\n" << r.output;
     EXPECT_NE(r.output.find("train"), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("unable to lock file"), std::string::npos) << r.output;
@@ -43,7 +43,7 @@ TEST_F(FileLocks, DatasetsAreReadWhereLocksFail) {
 }
 
 TEST_F(FileLocks, TrainingResumesAndTheModelDirLockWarnsWhereLocksAreMissing) {
-  const std::string train = std::string(DP_DPTRAIN) + " --data " + data_ +
+  const std::string train = std::string(test::program("dptrain")) + " --data " + data_ +
                             " --width-divisor 16 --batch-size 2 --model-dir " + dir_.file("run");
   const auto first = test::run_command(without_locks(kEnosys, train + " --epochs 1"));
   ASSERT_EQ(first.status, 0) << first.output;

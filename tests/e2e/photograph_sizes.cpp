@@ -60,7 +60,7 @@ class PhotographSizes : public ::testing::Test {
                                    const std::string& extra) {
     const std::string model_dir = dir().file("run_" + std::to_string(++runs_));
     return test::run_command(test::mpiexec_command(
-        DP_MPIEXEC, 1, DP_DPTRAIN,
+        test::mpiexec(), 1, test::program("dptrain"),
         "--data " + data + " --batch-size " + std::to_string(batch) + " --max-steps " +
             std::to_string(steps) + " --epochs 1 --log-every 1 --progress lines --model-dir " +
             model_dir + " " + extra,

@@ -48,13 +48,13 @@ int count(const std::string& text, const std::string& what) {
 }
 
 std::string mpi(int np, const std::string& binary, const std::string& args) {
-  return std::string(DP_MPIEXEC) + " -n " + std::to_string(np) + " " + binary + " " + args;
+  return test::mpiexec() + " -n " + std::to_string(np) + " " + binary + " " + args;
 }
 
 // dppredict without mpiexec: a world of one that never starts MPI (app::run_program). The leak
-// check stays off for it, as DP_MPIEXEC's -x does for ranks it starts, for MPI's libraries.
+// check stays off for it, as test::mpiexec()'s -x does for ranks it starts, for MPI's libraries.
 std::string alone() {
-  return std::string("ASAN_OPTIONS=detect_leaks=0 ") + DP_DPPREDICT;
+  return std::string("ASAN_OPTIONS=detect_leaks=0 ") + test::program("dppredict");
 }
 
 float sigmoid(float x) {
@@ -305,7 +305,8 @@ class Predict : public ::testing::Test {
     dir_ = new test::TempDir;
     data_ = dir_->file("synth.h5");
     test::write_tiny_dataset(data_, 32, 8, kSize);
-    checkpoint_ = test::train_one_epoch(DP_MPIEXEC, DP_DPTRAIN, data_, dir_->file("run"));
+    checkpoint_ =
+        test::train_one_epoch(test::mpiexec(), test::program("dptrain"), data_, dir_->file("run"));
     ASSERT_FALSE(checkpoint_.empty());
   }
   static void TearDownTestSuite() {
@@ -313,7 +314,7 @@ class Predict : public ::testing::Test {
     dir_ = nullptr;
   }
   static std::string dppredict(int np, const std::string& args) {
-    return mpi(np, DP_DPPREDICT, "-c " + checkpoint_ + " " + args);
+    return mpi(np, test::program("dppredict"), "-c " + checkpoint_ + " " + args);
   }
   static test::TempDir* dir_;
   static std::string data_, checkpoint_;
@@ -629,8 +630,8 @@ TEST_F(Predict, ThresholdOdsIsTheOneTheValidationRecorded) {
   ASSERT_GE(file, 0);
   EXPECT_GE(H5Adelete(file, "history_valid_ods_threshold"), 0);
   H5Fclose(file);
-  r = test::run_command(
-      mpi(1, DP_DPPREDICT, "-c " + old + " --dataset " + data_ + " -q --threshold ods"));
+  r = test::run_command(mpi(1, test::program("dppredict"),
+                            "-c " + old + " --dataset " + data_ + " -q --threshold ods"));
   EXPECT_EQ(r.status, 2) << r.output;
   EXPECT_EQ(count(r.output, "error:"), 1) << r.output;
   EXPECT_NE(r.output.find("--threshold ods: checkpoint '" + old +
@@ -638,7 +639,8 @@ TEST_F(Predict, ThresholdOdsIsTheOneTheValidationRecorded) {
             std::string::npos)
       << r.output;
   // --threshold auto on it: 0.5, said once.
-  r = test::run_command(mpi(2, DP_DPPREDICT, "-c " + old + " --dataset " + data_ + " -q"));
+  r = test::run_command(
+      mpi(2, test::program("dppredict"), "-c " + old + " --dataset " + data_ + " -q"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(r.output,
                   "; threshold 0.5 (--threshold auto: the checkpoint records no validation ODS "
@@ -672,11 +674,12 @@ TEST_F(Predict, AveragedWeightsAreTheDefaultAndRawWeightsAFlag) {
     const float* v = p.model().params().values();
     EXPECT_EQ(std::vector<float>(v, v + n), use_raw ? raw : averaged) << "raw " << use_raw;
   }
-  auto r = test::run_command(mpi(1, DP_DPPREDICT, "-c " + path + " --dataset " + data_ + " -q"));
+  auto r = test::run_command(
+      mpi(1, test::program("dppredict"), "-c " + path + " --dataset " + data_ + " -q"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(r.output, "(its averaged weights, dptrain --ema)"), 1) << r.output;
-  r = test::run_command(
-      mpi(1, DP_DPPREDICT, "-c " + path + " --dataset " + data_ + " -q --raw-weights"));
+  r = test::run_command(mpi(1, test::program("dppredict"),
+                            "-c " + path + " --dataset " + data_ + " -q --raw-weights"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count(r.output, "(its raw weights, --raw-weights)"), 1) << r.output;
   // A checkpoint without them: neither is said.
@@ -855,15 +858,16 @@ TEST_F(Predict, ScaleResizesAsTrainingDidAndScoresAtTheImagesSize) {
   }
   H5Fclose(file);
   const std::string out_c = dir_->file("scale_c");
-  const auto c =
-      test::run_command(mpi(1, DP_DPPREDICT, "-c " + halved + " -o " + out_c + common + in));
+  const auto c = test::run_command(
+      mpi(1, test::program("dppredict"), "-c " + halved + " -o " + out_c + common + in));
   ASSERT_EQ(c.status, 0) << c.output;
   EXPECT_NE(c.output.find("scale 0.5x0.5 (images resized by it, masks back; --scale auto"),
             std::string::npos)
       << c.output;
   const data::Image prob_c = data::read_image(out_c + "/prob/photo.png", data::PixelFormat::kGray);
   EXPECT_EQ(prob_c.pixels, prob_a.pixels);
-  const auto d = test::run_command(mpi(1, DP_DPPREDICT, "-c " + halved + " -q --dataset " + data_));
+  const auto d = test::run_command(
+      mpi(1, test::program("dppredict"), "-c " + halved + " -q --dataset " + data_));
   ASSERT_EQ(d.status, 0) << d.output;
   EXPECT_NE(d.output.find("scale 0.5x0.5 (images resized by it, masks back; --scale auto: the "
                           "checkpoint's training scale over the dataset's)"),
@@ -893,7 +897,8 @@ TEST_F(Predict, WithoutALauncherMpiIsNotStarted) {
   const data::Image img = test_image(100, 70, 5);
   data::write_png(in + "/a.png", img.pixels.data(), 100, 70, 3);
   const std::string no_mpi = "OMPI_MCA_pml=dp_no_such_pml UCX_TLS=dp_no_such_transport ";
-  const auto control = test::run_command(no_mpi + "timeout -s KILL 20 " + DP_DPTRAIN + " --help");
+  const auto control =
+      test::run_command(no_mpi + "timeout -s KILL 20 " + test::program("dptrain") + " --help");
   ASSERT_NE(control.status, 0) << "these settings no longer stop MPI_Init:\n" << control.output;
 
   const auto alone_run = test::run_command(no_mpi + alone() + " -c " + checkpoint_ + " -o " + out0 +
@@ -973,8 +978,8 @@ TEST_F(Predict, BadInputIsOneErrorLineAndANonZeroExit) {
   };
   for (const Case& c : cases) {
     const std::string args = "-c " + checkpoint_ + " " + c.args;
-    const auto r =
-        test::run_command(c.np == 0 ? alone() + " " + args : mpi(c.np, DP_DPPREDICT, args));
+    const auto r = test::run_command(c.np == 0 ? alone() + " " + args
+                                               : mpi(c.np, test::program("dppredict"), args));
     EXPECT_EQ(r.status, c.status) << c.args << "\n" << r.output;
     EXPECT_EQ(count(r.output, "dppredict: error:"), 1) << c.args << "\n" << r.output;
     EXPECT_NE(r.output.find(c.message), std::string::npos) << c.args << "\n" << r.output;
@@ -1014,7 +1019,8 @@ TEST_F(Predict, AnUnreadableFileIsSkippedAndCounted) {
   for (const int np : {0, 2}) {
     const std::string out = dir_->file("mixed_out" + std::to_string(np));
     const std::string args = "-c " + checkpoint_ + " -q --save-prob --overlay -o " + out + " " + in;
-    const auto r = test::run_command(np == 0 ? alone() + " " + args : mpi(np, DP_DPPREDICT, args));
+    const auto r = test::run_command(np == 0 ? alone() + " " + args
+                                             : mpi(np, test::program("dppredict"), args));
     EXPECT_EQ(r.status, 6) << r.output;
     EXPECT_EQ(count(r.output, "dppredict: error:"), 1) << r.output;
     const std::string rank = np == 2 ? "1" : "0";

@@ -23,7 +23,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string mpi(int np, const std::string& binary, const std::string& args) {
-  return std::string(DP_MPIEXEC) + " -n " + std::to_string(np) + " " + binary + " " + args;
+  return test::mpiexec() + " -n " + std::to_string(np) + " " + binary + " " + args;
 }
 
 std::string read_text(const std::string& path) {
@@ -89,7 +89,7 @@ TEST(PredictMeasure, MeasureOnlyWritesTheLibrarysRowsInInputOrderOnAnyRanks) {
   for (const int np : {1, 2, 3}) {
     const std::string out = dir.file(std::string("out") + std::to_string(np));
     const auto r = test::run_command(
-        mpi(np, DP_DPPREDICT,
+        mpi(np, test::program("dppredict"),
             "--measure-only -q --pixel-size 0.25 --min-crack-px 8 -o " + out + " " + in));
     EXPECT_EQ(r.status, 6) << r.output;  // one input failed
     EXPECT_NE(r.output.find("c_zbroken.png"), std::string::npos) << r.output;
@@ -111,7 +111,7 @@ TEST(PredictMeasure, BadMeasureOptionsAreOneErrorLineAndNothingWritten) {
   std::vector<uint8_t> pixels(32 * 32, 0);
   data::write_png(mask, pixels.data(), 32, 32, 1);
   const std::string out = dir.file("out");
-  const std::string bin = std::string("ASAN_OPTIONS=detect_leaks=0 ") + DP_DPPREDICT;
+  const std::string bin = std::string("ASAN_OPTIONS=detect_leaks=0 ") + test::program("dppredict");
   struct Case {
     std::string args, says;
   };
@@ -143,7 +143,8 @@ class PredictMeasureModel : public ::testing::Test {
     dir_ = new test::TempDir;
     data_ = dir_->file("synth.h5");
     test::write_tiny_dataset(data_, 32, 9, 64);
-    checkpoint_ = test::train_one_epoch(DP_MPIEXEC, DP_DPTRAIN, data_, dir_->file("run"));
+    checkpoint_ =
+        test::train_one_epoch(test::mpiexec(), test::program("dptrain"), data_, dir_->file("run"));
     ASSERT_FALSE(checkpoint_.empty());
   }
   static void TearDownTestSuite() {
@@ -169,7 +170,7 @@ TEST_F(PredictMeasureModel, MeasureGivesTheRowsOfTheWrittenMasks) {
     data::render_synthetic(so, uint64_t(100 + i), rgb.data(), mask.data());
     data::write_png(in + "/p" + std::to_string(i) + ".png", rgb.data(), so.width, so.height, 3);
   }
-  const auto r = test::run_command(mpi(2, DP_DPPREDICT,
+  const auto r = test::run_command(mpi(2, test::program("dppredict"),
                                        "-c " + checkpoint_ + " -q --threshold 0.3 --measure " +
                                            "--overlay --min-crack-px 4 -o " + out + " " + in));
   ASSERT_EQ(r.status, 0) << r.output;
@@ -217,7 +218,7 @@ TEST_F(PredictMeasureModel, ProbabilityFormatsHoldOneMap) {
   data::render_synthetic(so, 5, rgb.data(), mask.data());
   data::write_png(in + "/s.png", rgb.data(), 150, 100, 3);
   for (const std::string format : {"png16", "png8", "tiff32"}) {
-    const auto r = test::run_command(mpi(1, DP_DPPREDICT,
+    const auto r = test::run_command(mpi(1, test::program("dppredict"),
                                          "-c " + checkpoint_ + " -q --tta flips --save-prob " +
                                              "--save-uncertainty --prob-format " + format + " -o " +
                                              dir_->file(format) + " " + in));
@@ -245,7 +246,7 @@ TEST_F(PredictMeasureModel, PerImageRowsSumToTheAggregate) {
   for (const int np : {1, 2}) {
     const std::string csv = dir_->file(std::string("per_image") + std::to_string(np) + ".csv");
     const auto r = test::run_command(mpi(
-        np, DP_DPPREDICT,
+        np, test::program("dppredict"),
         "-c " + checkpoint_ + " --dataset " + data_ + " -q --threshold 0.4 --per-image " + csv));
     ASSERT_EQ(r.status, 0) << r.output;
     const std::string text = read_text(csv);

@@ -16,7 +16,7 @@ namespace {
 using app::kExitPreempted;
 
 std::string dptrain(int np, const std::string& args) {
-  return test::mpiexec_command(DP_MPIEXEC, np, DP_DPTRAIN, args);
+  return test::mpiexec_command(test::mpiexec(), np, test::program("dptrain"), args);
 }
 
 bool has(const std::string& text, const std::string& what) {
@@ -72,7 +72,7 @@ TEST_F(Preempt, SignalDuringStartUpStopsAtTheFirstStep) {
 TEST_F(Preempt, SignalToMpiexecStopsTheJobResumably) {
   for (const auto& [args, signal] :
        {std::pair<std::string, std::string>{"", "USR1"}, {" --preempt-signal USR2", "USR2"}}) {
-    if (signal == "USR2" && std::string(DP_MPI_FAMILY) == "mpich") {
+    if (signal == "USR2" && test::mpi_family() == "mpich") {
       // Hydra's mpiexec forwards SIGUSR1 but dies of SIGUSR2 (exit 140) without passing it on:
       // under MPICH, USR2 must reach the ranks themselves (srun, or Slurm's --signal without B:).
       std::printf("[preempt] USR2 to mpiexec not tried: Hydra does not forward it\n");
@@ -83,7 +83,7 @@ TEST_F(Preempt, SignalToMpiexecStopsTheJobResumably) {
     // (popen's shell runs it; built with append: GCC 12's -Wrestrict misfires on operator+.)
     // $P is mpiexec itself (exec; coreutils timeout would not forward it), bounded by ctest.
     std::string script = "(exec ";
-    script.append(DP_MPIEXEC).append(" -n 2 ").append(DP_DPTRAIN).append(" ");
+    script.append(test::mpiexec()).append(" -n 2 ").append(test::program("dptrain")).append(" ");
     script.append(common(1000, "run_" + signal)).append(args);
     script.append(") > ").append(log);
     script.append(" 2>&1 & P=$!; for i in $(seq 600); do grep -q 'epoch 1/' ").append(log);
@@ -92,7 +92,7 @@ TEST_F(Preempt, SignalToMpiexecStopsTheJobResumably) {
     const auto r = test::run_command(script);
     // Hydra (MPICH 4.0's mpiexec) exits 0 after forwarding a SIGUSR1 although every rank exits
     // 75; the ranks' line says it (INSTALL.md: launch with srun under MPICH).
-    if (std::string(DP_MPI_FAMILY) == "mpich")
+    if (test::mpi_family() == "mpich")
       EXPECT_TRUE(has(r.output, "exit=75") || has(r.output, "exit=0")) << r.output;
     else
       EXPECT_TRUE(has(r.output, "exit=75")) << signal << "\n" << r.output;

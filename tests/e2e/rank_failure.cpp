@@ -20,7 +20,8 @@ constexpr double kMaxSeconds = 30.0;
 constexpr int kKillAfterSeconds = 60;
 
 std::string dptrain(int np, const std::string& args) {
-  return test::mpiexec_command(DP_MPIEXEC, np, DP_DPTRAIN, args, "", kKillAfterSeconds);
+  return test::mpiexec_command(test::mpiexec(), np, test::program("dptrain"), args, "",
+                               kKillAfterSeconds);
 }
 
 int count(const std::string& text, const std::string& what) {

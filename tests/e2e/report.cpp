@@ -212,8 +212,8 @@ class ReportRun : public ::testing::Test {
     test::write_tiny_dataset(data_, 8, 6, 32);
   }
   test::CommandResult train(int epochs) {
-    return test::run_command(std::string(DP_MPIEXEC) + " -n 2 " + DP_DPTRAIN + " --data " + data_ +
-                             " --width-divisor 16 --batch-size 2 --report --epochs " +
+    return test::run_command(test::mpiexec() + " -n 2 " + test::program("dptrain") + " --data " +
+                             data_ + " --width-divisor 16 --batch-size 2 --report --epochs " +
                              std::to_string(epochs) + " --model-dir " + dir_.file("run"));
   }
   // Checks the page and returns it.
@@ -270,9 +270,9 @@ TEST_F(ReportRun, WrittenAfterEveryValidationAndAfterResume) {
 }
 
 TEST_F(ReportRun, NotWrittenWithoutTheOption) {
-  const auto r = test::run_command(std::string(DP_MPIEXEC) + " -n 1 " + DP_DPTRAIN + " --data " +
-                                   data_ + " --width-divisor 16 --batch-size 2 --epochs 1 " +
-                                   "--model-dir " + dir_.file("run"));
+  const auto r = test::run_command(
+      test::mpiexec() + " -n 1 " + test::program("dptrain") + " --data " + data_ +
+      " --width-divisor 16 --batch-size 2 --epochs 1 " + "--model-dir " + dir_.file("run"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_FALSE(std::filesystem::exists(dir_.file("run/report.html")));
 }

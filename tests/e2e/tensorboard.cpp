@@ -191,8 +191,8 @@ class TensorBoardRun : public ::testing::Test {
     test::write_tiny_dataset(data_, 16, 8, 32);
   }
   test::CommandResult train(const std::string& model_dir, const std::string& extra = "") {
-    return test::run_command(std::string(DP_MPIEXEC) + " -n 2 " + DP_DPTRAIN + extra + " --data " +
-                             data_ +
+    return test::run_command(test::mpiexec() + " -n 2 " + test::program("dptrain") + extra +
+                             " --data " + data_ +
                              " --width-divisor 16 --batch-size 2 --lr 0.2 --log-every 1 "
                              "--deterministic --tensorboard --epochs " +
                              std::to_string(kEpochs) + " --model-dir " + model_dir);
@@ -247,7 +247,7 @@ TEST_F(TensorBoardRun, SamplesAreValidationsCentredCrop) {
   const std::string data = dir_.file("tiny64.h5");
   test::write_tiny_dataset(data, 8, 4, 64);
   const auto r =
-      test::run_command(std::string(DP_MPIEXEC) + " -n 1 " + DP_DPTRAIN + " --data " + data +
+      test::run_command(test::mpiexec() + " -n 1 " + test::program("dptrain") + " --data " + data +
                         " --width-divisor 16 --batch-size 2 --epochs 1 " +
                         "--random-crop 32x32 --tensorboard --model-dir " + dir_.file("crop"));
   ASSERT_EQ(r.status, 0) << r.output;
@@ -267,9 +267,9 @@ TEST_F(TensorBoardRun, SamplesAreValidationsCentredCrop) {
 }
 
 TEST_F(TensorBoardRun, NoEventsWithoutTheOption) {
-  const auto r = test::run_command(std::string(DP_MPIEXEC) + " -n 1 " + DP_DPTRAIN + " --data " +
-                                   data_ + " --width-divisor 16 --batch-size 2 --epochs 1 " +
-                                   "--model-dir " + dir_.file("run"));
+  const auto r = test::run_command(
+      test::mpiexec() + " -n 1 " + test::program("dptrain") + " --data " + data_ +
+      " --width-divisor 16 --batch-size 2 --epochs 1 " + "--model-dir " + dir_.file("run"));
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_FALSE(fs::exists(dir_.file("run/tb")));
 }

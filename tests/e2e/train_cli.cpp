@@ -16,7 +16,8 @@ namespace dp {
 namespace {
 
 std::string dptrain(int np, const std::string& args) {
-  return std::string(DP_MPIEXEC) + " -n " + std::to_string(np) + " " + DP_DPTRAIN + " " + args;
+  return test::mpiexec() + " -n " + std::to_string(np) + " " + test::program("dptrain") + " " +
+         args;
 }
 
 int count(const std::string& text, const std::string& what) {
@@ -48,8 +49,9 @@ TEST_F(Cli, RanksAndNodesComeFromMpiNotLauncherVariables) {
                             "-u OMPI_COMM_WORLD_NODE_RANK -u MPI_LOCALRANKID -u MPI_LOCALNRANKS "
                             "-u SLURM_PROCID -u SLURM_LOCALID -u SLURM_NTASKS \"$@\"\n";
   std::filesystem::permissions(wrapper, std::filesystem::perms::owner_all);
-  const auto r = test::run_command(std::string(DP_MPIEXEC) + " -n 3 " + wrapper + " " + DP_DPTRAIN +
-                                   " " + common() + " --epochs 1 --log-all-ranks");
+  const auto r =
+      test::run_command(test::mpiexec() + " -n 3 " + wrapper + " " + test::program("dptrain") +
+                        " " + common() + " --epochs 1 --log-all-ranks");
   ASSERT_EQ(r.status, 0) << r.output;
   for (int rank = 0; rank < 3; ++rank) {
     const std::string line = "rank " + std::to_string(rank) + " of 3 on node ";
@@ -116,8 +118,8 @@ void expect_cpu_conv_choices(const std::string& common, const test::TempDir& dir
   // Set for mpiexec, whose local ranks inherit it (Open MPI and Hydra alike).
   const std::string env = isa_cap.empty() ? "" : "env ONEDNN_MAX_CPU_ISA=" + isa_cap + " ";
   const auto run = [&](int np, const std::string& model_dir, const std::string& args) {
-    return test::run_command(env + std::string(DP_MPIEXEC) + " -n " + std::to_string(np) + " " +
-                             DP_DPTRAIN + " " + common + " --model-dir " +
+    return test::run_command(env + test::mpiexec() + " -n " + std::to_string(np) + " " +
+                             test::program("dptrain") + " " + common + " --model-dir " +
                              dir.file(model_dir + isa_cap) + " " + args);
   };
   const auto w = run(2, "winograd", "--epochs 1 --cpu-conv winograd");
@@ -189,7 +191,7 @@ TEST_F(Cli, MissingDataFileNamesThePath) {
 
 TEST_F(Cli, ImageSizeNotMultipleOf32IsRejected) {
   const std::string odd = dir_.file("odd.h5");
-  const auto prep = test::run_command(std::string(DP_DPPREP) + " synth --out " + odd +
+  const auto prep = test::run_command(std::string(test::program("dpprep")) + " synth --out " + odd +
                                       " --train 4 --val 2 --size 48x48");
   ASSERT_EQ(prep.status, 0) << prep.output;
   const auto r =

@@ -186,7 +186,8 @@ TEST(Metrics, CheckpointKeepsBestMetricHistoriesAndMidEpochPosition) {
 }
 
 std::string dptrain(int np, const std::string& args) {
-  return std::string(DP_MPIEXEC) + " -n " + std::to_string(np) + " " + DP_DPTRAIN + " " + args;
+  return test::mpiexec() + " -n " + std::to_string(np) + " " + test::program("dptrain") + " " +
+         args;
 }
 
 TEST(MetricsCli, ValEveryBestMetricAndMetricsCsv) {

@@ -24,8 +24,8 @@ constexpr double kFloatTolerance = 2e-6;  // float32 arithmetic against float64 
 constexpr int kKillAfterSeconds = 120;
 
 std::string dptrain(int np, const std::string& args) {
-  return "timeout -k 5 " + std::to_string(kKillAfterSeconds) + " " + std::string(DP_MPIEXEC) +
-         " -n " + std::to_string(np) + " " + DP_DPTRAIN + " " + args;
+  return "timeout -k 5 " + std::to_string(kKillAfterSeconds) + " " + test::mpiexec() + " -n " +
+         std::to_string(np) + " " + test::program("dptrain") + " " + args;
 }
 
 TEST(AdamW, ThreeStepsMatchTorch) {

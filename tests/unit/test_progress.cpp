@@ -83,7 +83,7 @@ TEST(Progress, LinesEveryLogEveryStepsAndABarRedrawnInPlace) {
 TEST(ProgressCli, BarAndLines) {
   test::TempDir dir;
   test::write_tiny_dataset(dir.file("tiny.h5"), 8, 4, 32);
-  const std::string cmd = std::string(DP_MPIEXEC) + " -n 1 " + DP_DPTRAIN + " --data " +
+  const std::string cmd = test::mpiexec() + " -n 1 " + test::program("dptrain") + " --data " +
                           dir.file("tiny.h5") +
                           " --width-divisor 16 --batch-size 2 --epochs 1 --resume never"
                           " --model-dir " +

@@ -53,8 +53,8 @@ TEST(Threads, UnboundRanksUnderMpiexecAddUpToTheCores) {
   test::write_tiny_dataset(data, 8, 4, 32);
   const int ranks = 2;
   const auto r = test::run_command(
-      "env -u OMP_NUM_THREADS -u SLURM_CPUS_PER_TASK " + std::string(DP_MPIEXEC) + " -n " +
-      std::to_string(ranks) + " " + DP_DPTRAIN + " --data " + data +
+      "env -u OMP_NUM_THREADS -u SLURM_CPUS_PER_TASK " + test::mpiexec() + " -n " +
+      std::to_string(ranks) + " " + test::program("dptrain") + " --data " + data +
       " --width-divisor 16 --batch-size 2 --epochs 1 --log-all-ranks --model-dir " +
       dir.file("run"));
   ASSERT_EQ(r.status, 0) << r.output;
@@ -78,7 +78,7 @@ TEST(Threads, RanksWhoseThreadsExceedTheirCoresAreOneWarning) {
   test::write_tiny_dataset(data, 8, 4, 32);
   const int cores = int(sysconf(_SC_NPROCESSORS_ONLN));
   const std::string train =
-      std::string(DP_MPIEXEC) + " -n 2 " + DP_DPTRAIN + " --data " + data +
+      test::mpiexec() + " -n 2 " + test::program("dptrain") + " --data " + data +
       " --width-divisor 16 --batch-size 2 --epochs 1 --max-steps 1 --threads ";
   const auto over =
       test::run_command(train + std::to_string(cores) + " --model-dir " + dir.file("over"));

@@ -10,6 +10,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <stdexcept>
 
 #include <gtest/gtest.h>
 
@@ -20,6 +23,24 @@
 namespace dp::test {
 namespace {
 mpi::MpiComm* g_world = nullptr;
+}
+
+const std::string& build_setting(const std::string& name) {
+  static const auto settings = [] {
+    const std::filesystem::path file =
+        std::filesystem::read_symlink("/proc/self/exe").parent_path() / "test_programs.txt";
+    std::ifstream in(file);
+    if (!in) throw std::runtime_error("cannot read " + file.string());
+    std::map<std::string, std::string> m;
+    for (std::string line; std::getline(in, line);)
+      if (const size_t eq = line.find('='); eq != std::string::npos)
+        m[line.substr(0, eq)] = line.substr(eq + 1);
+    return m;
+  }();
+  const auto it = settings.find(name);
+  if (it == settings.end())
+    throw std::runtime_error("test_programs.txt beside the test binary has no '" + name + "'");
+  return it->second;
 }
 
 mpi::MpiComm& world() {

@@ -87,6 +87,23 @@ struct CommandResult {
 };
 CommandResult run_command(const std::string& command);
 
+// This build tree's programs for the tests that run them, read from test_programs.txt beside the
+// test binary (tests/CMakeLists.txt writes it) rather than compiled in, so that those tests'
+// objects are the same in every build tree and ccache compiles them once for scripts/test.sh's
+// three builds. program("dptrain") (also dpprep, dppredict, dpexport, nolock_shim) is a path;
+// mpiexec() the launcher with the suite's flags; mpi_family() "openmpi" or "mpich". A missing
+// file or name throws.
+const std::string& build_setting(const std::string& name);
+inline const std::string& program(const std::string& name) {
+  return build_setting(name);
+}
+inline const std::string& mpiexec() {
+  return build_setting("mpiexec");
+}
+inline const std::string& mpi_family() {
+  return build_setting("mpi_family");
+}
+
 // One epoch of UNet16 /16 by `dptrain` under `mpiexec -n 1` on `data` into `model_dir` (batch 2,
 // LR 0.1, --pos-weight, so that the predictions are a mix of crack and background); returns the
 // epoch's checkpoint, or "" after failing the current test with dptrain's output.
