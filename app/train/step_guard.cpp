@@ -45,8 +45,8 @@ StepGuard::~StepGuard() = default;
 void StepGuard::start_watchdog(std::function<void()> before_abort) {
   if (opt_.stall_timeout <= 0) return;
   if (auto* mpi_comm = dynamic_cast<mpi::MpiComm*>(&comm_))
-    watchdog_ = std::make_unique<mpi::StallWatchdog>(
-        mpi_comm->native(), opt_.stall_timeout, "dptrain", kExitStalled, std::move(before_abort));
+    watchdog_ = std::make_unique<mpi::StallWatchdog>(*mpi_comm, opt_.stall_timeout, "dptrain",
+                                                     kExitStalled, std::move(before_abort));
 }
 
 std::optional<mpi::StallWatchdog::Scope> StepGuard::watch(const char* collective,

@@ -44,14 +44,19 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 }  // namespace
 
-StallWatchdog::StallWatchdog(MPI_Comm comm, double timeout_seconds, std::string program,
+struct StallWatchdog::Channel {
+  MPI_Comm comm = MPI_COMM_NULL;
+};
+
+StallWatchdog::StallWatchdog(const MpiComm& comm, double timeout_seconds, std::string program,
                              int exit_code, std::function<void()> before_abort)
     : timeout_(timeout_seconds),
       program_(std::move(program)),
       exit_code_(exit_code),
-      before_abort_(std::move(before_abort)) {
+      before_abort_(std::move(before_abort)),
+      channel_(std::make_unique<Channel>()) {
   DP_CHECK(timeout_seconds > 0, "StallWatchdog: timeout ", timeout_seconds, " s");
-  DP_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  DP_MPI_CHECK(MPI_Comm_dup(comm.native(), &channel_->comm));
   thread_ = std::thread([this] { run(); });
 }
 
@@ -62,7 +67,7 @@ StallWatchdog::~StallWatchdog() {
   }
   wake_.notify_one();
   thread_.join();
-  MPI_Comm_free(&comm_);
+  MPI_Comm_free(&channel_->comm);
 }
 
 StallWatchdog::Scope StallWatchdog::watch(const char* what, int64_t step) {
@@ -98,8 +103,8 @@ void StallWatchdog::run() {
 
 void StallWatchdog::fire(const char* what, int64_t step, int64_t seq, double waited) {
   int rank = 0, size = 1, level = MPI_THREAD_SINGLE;
-  MPI_Comm_rank(comm_, &rank);
-  MPI_Comm_size(comm_, &size);
+  MPI_Comm_rank(channel_->comm, &rank);
+  MPI_Comm_size(channel_->comm, &size);
   MPI_Query_thread(&level);
   static Where mine;  // sent without waiting for completion: it must outlive this call
   mine.seq = seq, mine.step = step, mine.waited = waited;
@@ -111,7 +116,7 @@ void StallWatchdog::fire(const char* what, int64_t step, int64_t seq, double wai
     for (int q = 0; q < size; ++q) {
       if (q == rank) continue;
       MPI_Request request = MPI_REQUEST_NULL;
-      if (MPI_Isend(&mine, sizeof mine, MPI_BYTE, q, kTag, comm_, &request) == MPI_SUCCESS)
+      if (MPI_Isend(&mine, sizeof mine, MPI_BYTE, q, kTag, channel_->comm, &request) == MPI_SUCCESS)
         MPI_Request_free(&request);
     }
     const auto deadline = Clock::now() + std::chrono::duration<double>(grace_seconds());
@@ -119,13 +124,13 @@ void StallWatchdog::fire(const char* what, int64_t step, int64_t seq, double wai
     while (count < size - 1 && Clock::now() < deadline) {
       int flag = 0;
       MPI_Status status;
-      MPI_Iprobe(MPI_ANY_SOURCE, kTag, comm_, &flag, &status);
+      MPI_Iprobe(MPI_ANY_SOURCE, kTag, channel_->comm, &flag, &status);
       if (flag == 0) {
         std::this_thread::sleep_for(kListenPause);
         continue;
       }
       Where w;
-      MPI_Recv(&w, sizeof w, MPI_BYTE, status.MPI_SOURCE, kTag, comm_, MPI_STATUS_IGNORE);
+      MPI_Recv(&w, sizeof w, MPI_BYTE, status.MPI_SOURCE, kTag, channel_->comm, MPI_STATUS_IGNORE);
       w.what[sizeof w.what - 1] = '\0';
       if (!answered[size_t(status.MPI_SOURCE)]) ++count;
       heard[size_t(status.MPI_SOURCE)] = w;

@@ -2,17 +2,18 @@
 // ranks that have not arrived (as Horovod's stall inspector and PyTorch's NCCL watchdog do).
 #pragma once
 
-#include <mpi.h>
-
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 
 namespace dp::mpi {
+
+class MpiComm;
 
 // A thread that sleeps (a wake-up every min(timeout/4, 5 s), no polling of MPI) while the
 // watched thread computes or waits inside a collective. When one collective has waited longer
@@ -26,8 +27,9 @@ namespace dp::mpi {
 // `exit_code`. A rank that is slow but within the limit is never killed.
 class StallWatchdog {
  public:
-  // Collective (duplicates `comm`). timeout_seconds > 0.
-  StallWatchdog(MPI_Comm comm, double timeout_seconds, std::string program, int exit_code,
+  // Collective (duplicates `comm`). timeout_seconds > 0. (The header does not include mpi.h, so
+  // that what includes it compiles the same under every MPI.)
+  StallWatchdog(const MpiComm& comm, double timeout_seconds, std::string program, int exit_code,
                 std::function<void()> before_abort = {});
   ~StallWatchdog();
   StallWatchdog(const StallWatchdog&) = delete;
@@ -58,11 +60,12 @@ class StallWatchdog {
   void run();
   [[noreturn]] void fire(const char* what, int64_t step, int64_t seq, double waited);
 
-  MPI_Comm comm_ = MPI_COMM_NULL;
   double timeout_;
   std::string program_;
   int exit_code_;
   std::function<void()> before_abort_;
+  struct Channel;  // the watchdog's own duplicate of the communicator
+  std::unique_ptr<Channel> channel_;
   // Written by the watched thread (two relaxed stores and two release stores per collective).
   std::atomic<const char*> what_{nullptr};
   std::atomic<int64_t> step_{0}, seq_{0}, since_ns_{0};
