@@ -12,7 +12,7 @@
 #include "error_lines.hpp"
 #include "exit_codes.hpp"
 #include "export/onnx_export.hpp"
-#include "placeholders.hpp"
+#include "option_table.hpp"
 
 namespace po = boost::program_options;
 
@@ -33,58 +33,64 @@ constexpr const char* kUsage =
     "[batch, 1, height, width]; crack where sigmoid(logits) >= the `threshold` in the model's\n"
     "metadata (the checkpoint's validation ODS threshold; empty when it records none)";
 
-int run(int argc, char** argv) {
+// dpexport's command line.
+struct ExportCommand {
   std::string checkpoint, out;
   float input_scale = 255.0f;
-  dp::app::ExportOptions o;
+  bool prob = false, raw_weights = false, keep_normalization = false;
   bool fold_bn = false, keep_bn = false;
-  po::options_description desc(kUsage);
-  desc.add_options()("checkpoint,c", po::value(&checkpoint), "dptrain checkpoint (.h5)")(
-      "out,o", po::value(&out), "ONNX file to write (whole or not at all)")(
-      "prob", po::bool_switch(&o.prob), "also output `prob` = sigmoid(logits)")(
-      "raw-weights", po::bool_switch(&o.raw_weights),
-      "the raw weights even where the checkpoint has averaged ones (--ema); by default the "
-      "averages, as dppredict")(
-      "input-scale", po::value(&input_scale)->default_value(input_scale),
-      "pixel value of full intensity the model takes: 255 (pixels 0..255) or 1 (0..1)")(
-      "keep-normalization", po::bool_switch(&o.keep_normalization),
-      "do not fold the normalisation: the model takes (pixel / 255 - mean) / std, as the "
-      "network itself")("fold-bn", po::bool_switch(&fold_bn),
-                        "fold batch norm into the convolution before it (the default)")(
-      "keep-bn", po::bool_switch(&keep_bn), "keep BatchNormalization nodes")("help,h",
-                                                                             "show this help");
-  dp::app::refuse_placeholders_in_argv(argc, argv);
-  // Words that are not options are collected under a hidden name and refused.
-  constexpr const char* kStray = "stray-arguments";
-  std::vector<std::string> stray;
-  po::options_description all;
-  all.add(desc).add_options()(kStray, po::value(&stray));
-  po::positional_options_description positional;
-  positional.add(kStray, -1);
-  po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(all).positional(positional).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw UsageError(dp::str_cat(e.what(), " (see --help)"));
-  }
-  if (!stray.empty())
-    throw UsageError(dp::str_cat("unexpected argument '", stray[0], "' (see --help)"));
+};
+
+const dp::app::OptionTable<ExportCommand>& export_option_table() {
+  using C = ExportCommand;
+  static const dp::app::OptionTable<ExportCommand> table = [] {
+    dp::app::OptionTable<ExportCommand> t;
+    const std::string topic = "Options";
+    t.value(topic, "checkpoint,c", &C::checkpoint, "dptrain checkpoint (.h5)").no_default();
+    t.value(topic, "out,o", &C::out, "ONNX file to write (whole or not at all)").no_default();
+    t.flag(topic, "prob", &C::prob, "also output `prob` = sigmoid(logits)");
+    t.flag(topic, "raw-weights", &C::raw_weights,
+           "the raw weights even where the checkpoint has averaged ones (--ema); by default the "
+           "averages, as dppredict");
+    t.value(topic, "input-scale", &C::input_scale,
+            "pixel value of full intensity the model takes: 255 (pixels 0..255) or 1 (0..1)",
+            {{[](float v) { return v == 255.0f || v == 1.0f; }, "must be 255 or 1"}});
+    t.flag(topic, "keep-normalization", &C::keep_normalization,
+           "do not fold the normalisation: the model takes (pixel / 255 - mean) / std, as the "
+           "network itself");
+    t.flag(topic, "fold-bn", &C::fold_bn,
+           "fold batch norm into the convolution before it (the "
+           "default)");
+    t.flag(topic, "keep-bn", &C::keep_bn, "keep BatchNormalization nodes");
+    t.command_line(topic, "help,h", "show this help");
+    return t;
+  }();
+  return table;
+}
+
+int run(int argc, char** argv) {
+  ExportCommand c;
+  const auto bound = export_option_table().bind(c, kUsage);
+  const po::variables_map vm = dp::app::parse_command_line(argc, argv, bound.all);
   if (vm.count("help")) {
-    std::cout << desc << "\n";
+    std::cout << bound.visible << "\n";
     return kExitOk;
   }
-  if (checkpoint.empty()) throw UsageError("--checkpoint is required (see --help)");
-  if (out.empty()) throw UsageError("--out is required (see --help)");
-  if (fold_bn && keep_bn) throw UsageError("give --fold-bn or --keep-bn, not both");
-  if (input_scale != 255.0f && input_scale != 1.0f)
-    throw UsageError(dp::str_cat("--input-scale must be 255 or 1, got ", input_scale));
-  if (o.keep_normalization && !vm["input-scale"].defaulted())
+  if (c.checkpoint.empty()) throw UsageError("--checkpoint is required (see --help)");
+  if (c.out.empty()) throw UsageError("--out is required (see --help)");
+  if (c.fold_bn && c.keep_bn) throw UsageError("give --fold-bn or --keep-bn, not both");
+  export_option_table().check(c);
+  if (c.keep_normalization && !vm["input-scale"].defaulted())
     throw UsageError("--input-scale has no effect with --keep-normalization");
-  o.fold_batchnorm = !keep_bn;
-  o.input_scale = input_scale;
+  dp::app::ExportOptions o;
+  o.prob = c.prob;
+  o.raw_weights = c.raw_weights;
+  o.keep_normalization = c.keep_normalization;
+  o.fold_batchnorm = !c.keep_bn;
+  o.input_scale = c.input_scale;
+  const std::string& out = c.out;
 
-  const dp::app::ExportSummary s = dp::app::export_onnx(checkpoint, out, o);
+  const dp::app::ExportSummary s = dp::app::export_onnx(c.checkpoint, out, o);
   std::ostringstream bn;
   if (s.batchnorm_folded + s.batchnorm_kept > 0)
     bn << ", " << s.batchnorm_folded << " batch norms folded, " << s.batchnorm_kept << " kept";

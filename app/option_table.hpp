@@ -14,6 +14,7 @@
 
 #include "dp/error.hpp"
 #include "exit_codes.hpp"  // UsageError
+#include "placeholders.hpp"
 #include "words.hpp"
 
 namespace dp::app {
@@ -249,5 +250,37 @@ class OptionTable {
 
   std::vector<Entry> entries_;
 };
+
+// Parses argv with `options`: the words that are not options go to the option named
+// `positional`, or are a UsageError where it is null. `before_notify` may store more values,
+// which the command line's override (dptrain's --config). A malformed command line is a
+// UsageError "... (see --help)".
+inline boost::program_options::variables_map parse_command_line(
+    int argc, const char* const* argv, const boost::program_options::options_description& options,
+    const char* positional = nullptr,
+    const std::function<void(boost::program_options::variables_map&)>& before_notify = {}) {
+  namespace po = boost::program_options;
+  refuse_placeholders_in_argv(argc, argv);
+  constexpr const char* kStray = "unexpected-words";
+  po::options_description all;
+  all.add(options);
+  if (positional == nullptr)
+    all.add_options()(positional = kStray, po::value<std::vector<std::string>>());
+  po::positional_options_description words;
+  words.add(positional, -1);
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(all).positional(words).run(), vm);
+    if (vm.count(kStray))
+      throw UsageError(str_cat("unexpected argument '",
+                               vm[kStray].as<std::vector<std::string>>().front(),
+                               "' (see --help)"));
+    if (before_notify) before_notify(vm);
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw UsageError(str_cat(e.what(), " (see --help)"));
+  }
+  return vm;
+}
 
 }  // namespace dp::app

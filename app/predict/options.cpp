@@ -196,18 +196,7 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
       "       [mpirun -np N] dppredict --measure-only -o OUT [--pixel-size MM] MASK|FOLDER...\n"
       "Writes OUT/masks/<name>.png (0 or 255) for every image; the files are split across "
       "ranks");
-  po::positional_options_description positional;
-  positional.add("input", -1);
-
-  refuse_placeholders_in_argv(argc, argv);
-  po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(bound.all).positional(positional).run(),
-              vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw UsageError(str_cat(e.what(), " (see --help)"));
-  }
+  const po::variables_map vm = parse_command_line(argc, argv, bound.all, "input");
   if (vm.count("help")) {
     if (print_help) std::cout << bound.visible << "\n";
     return std::nullopt;

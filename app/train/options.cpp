@@ -350,20 +350,12 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
       "test-fault", po::value(&test_faults)->composing(),
       "tests: plant a fault, KIND@RANK:STEP or preempt-at-start (train/fault_injection.hpp)");
 
-  po::variables_map vm;
-  refuse_placeholders_in_argv(argc, argv);
-  try {
-    po::store(po::command_line_parser(argc, argv).options(bound.all).run(), vm);
-  } catch (const po::error& e) {
-    throw UsageError(str_cat(e.what(), " (see --help)"));
-  }
   // --config: stored after the command line, whose values therefore win.
-  if (vm.count("config")) store_config_file(vm["config"].as<std::string>(), bound.all, vm);
-  try {
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw UsageError(str_cat(e.what(), " (see --help)"));
-  }
+  const po::variables_map vm =
+      parse_command_line(argc, argv, bound.all, nullptr, [&bound](po::variables_map& given) {
+        if (given.count("config"))
+          store_config_file(given["config"].as<std::string>(), bound.all, given);
+      });
   if (vm.count("help")) {
     if (print_help) std::cout << bound.visible << "\n";
     return std::nullopt;

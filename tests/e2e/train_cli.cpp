@@ -70,6 +70,11 @@ TEST_F(Cli, BadOptionValueIsOneLineAndExit2) {
   const auto u = test::run_command(dptrain(1, "--no-such-option"));
   EXPECT_EQ(u.status, 2) << u.output;
   EXPECT_EQ(count(u.output, "dptrain: error:"), 1) << u.output;
+  // A word that is no option (a forgotten "--data") is refused before anything trains.
+  const auto w = test::run_command(dptrain(1, common() + " deepcrack.h5"));
+  EXPECT_EQ(w.status, 2) << w.output;
+  EXPECT_EQ(count(w.output, "dptrain: error: unexpected argument 'deepcrack.h5' (see --help)"), 1)
+      << w.output;
   const auto m = test::run_command(dptrain(1, common() + " --model unet99"));
   EXPECT_EQ(m.status, 2) << m.output;
   EXPECT_NE(
