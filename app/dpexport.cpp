@@ -18,9 +18,7 @@ namespace po = boost::program_options;
 
 namespace {
 
-using dp::app::kExitFailure;
 using dp::app::kExitOk;
-using dp::app::kExitUsage;
 using dp::app::UsageError;
 constexpr const char* kProgram = "dpexport";
 constexpr double kMillion = 1e6;
@@ -71,7 +69,7 @@ const dp::app::OptionTable<ExportCommand>& export_option_table() {
 int run(int argc, char** argv) {
   ExportCommand c;
   const auto bound = export_option_table().bind(c, kUsage);
-  const po::variables_map vm = dp::app::parse_command_line(argc, argv, bound.all);
+  const po::variables_map vm = dp::app::read_command_line(argc, argv, bound.all);
   if (vm.count("help")) {
     std::cout << bound.visible << "\n";
     return kExitOk;
@@ -107,13 +105,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const UsageError& e) {
-    std::cerr << kProgram << ": error: " << e.what() << "\n";
-    return kExitUsage;
-  } catch (const std::exception& e) {
-    dp::app::print_error_lines(kProgram, e.what());
-    return kExitFailure;
-  }
+  return dp::app::run_program(kProgram, [&] { return run(argc, argv); });
 }

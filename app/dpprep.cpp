@@ -11,6 +11,7 @@
 #include <iomanip>
 #include <iostream>
 #include <limits>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -23,17 +24,15 @@
 #include "dp/synth.hpp"
 #include "error_lines.hpp"
 #include "exit_codes.hpp"
-#include "placeholders.hpp"
+#include "option_table.hpp"
 #include "progress.hpp"
 
 namespace po = boost::program_options;
 
 namespace {
 
-using dp::app::kExitFailure;
 using dp::app::kExitOk;
 using dp::app::kExitSignalBase;
-using dp::app::kExitUsage;
 using dp::app::UsageError;
 constexpr int kMaxSide = 16384;  // px: larger images are surely a typo
 constexpr const char* kProgram = "dpprep";
@@ -137,62 +136,62 @@ void parse_size(const std::string& text, int& height, int& width) {
   }
 }
 
-// Parses `args` against `desc`; returns false (after printing help) if --help was given.
-// `operand` (optional) names a hidden option that takes the first word that is not an option.
-bool parse_args(const std::vector<std::string>& args, const po::options_description& desc,
-                po::variables_map& vm, const char* usage, const char* operand = nullptr) {
-  // Words that are not options are collected under a hidden name and reported.
-  constexpr const char* kStray = "stray-arguments";
-  po::options_description all;
-  all.add(desc).add_options()(kStray, po::value<std::vector<std::string>>());
-  po::positional_options_description positional;
-  if (operand != nullptr) {
-    all.add_options()(operand, po::value<std::string>());
-    positional.add(operand, 1);
-  }
-  positional.add(kStray, -1);
-  po::store(po::command_line_parser(args).options(all).positional(positional).run(), vm);
-  if (vm.count(kStray)) {
-    throw UsageError(dp::str_cat("unexpected argument '",
-                                 vm[kStray].as<std::vector<std::string>>().front(), "'"));
-  }
+// Parses a command's `args` with its option table and checks them; nothing (after printing
+// `usage` and the options) where --help was given.
+template <class Command>
+std::optional<po::variables_map> parse_command(const std::vector<std::string>& args,
+                                               const dp::app::OptionTable<Command>& table,
+                                               Command& c, const char* usage,
+                                               dp::app::Operands operands = {}) {
+  const auto bound = table.bind(c, "");
+  po::variables_map vm = dp::app::read_command_line(args, bound.all, operands);
   if (vm.count("help")) {
-    std::cout << usage << "\n\n" << desc;
-    return false;
+    std::cout << usage << "\n" << bound.visible;
+    return std::nullopt;
   }
-  po::notify(vm);
-  return true;
+  table.check(c);
+  return vm;
+}
+
+// dpprep synth's command line.
+struct SynthCommand : dp::data::SynthOptions {
+  std::string out, size = "64x64", seed_text = "1";
+};
+
+const dp::app::OptionTable<SynthCommand>& synth_options() {
+  using C = SynthCommand;
+  static const dp::app::OptionTable<C> table = [] {
+    dp::app::OptionTable<C> t;
+    const std::string topic = "Options";
+    t.command_line(topic, "help,h", "show this help");
+    t.value(topic, "out", &C::out, "output dataset file (HDF5, dataset v1)").no_default();
+    t.value(topic, "train", &C::train_count, "number of training samples",
+            {dp::app::non_negative<int64_t>()});
+    t.value(topic, "val", &C::val_count, "number of validation samples",
+            {dp::app::non_negative<int64_t>()});
+    t.value(topic, "size", &C::size, "image size HxW");
+    t.value(topic, "seed", &C::seed_text, "seed (unsigned 64-bit): the data are a function of it");
+    return t;
+  }();
+  return table;
 }
 
 int run_synth(const std::vector<std::string>& args) {
-  dp::data::SynthOptions opt;
-  std::string out, size = "64x64", seed = "1";
-  po::options_description desc("Options");
-  desc.add_options()("help,h", "show this help")("out", po::value<std::string>(&out)->required(),
-                                                 "output dataset file (HDF5, dataset v1)")(
-      "train", po::value<int64_t>(&opt.train_count)->default_value(opt.train_count),
-      "number of training samples")(
-      "val", po::value<int64_t>(&opt.val_count)->default_value(opt.val_count),
-      "number of validation samples")("size", po::value<std::string>(&size)->default_value(size),
-                                      "image size HxW")(
-      "seed", po::value<std::string>(&seed)->default_value(seed),
-      "seed (unsigned 64-bit): the data are a function of it");
-  po::variables_map vm;
-  if (!parse_args(args, desc, vm,
-                  "Usage: dpprep synth --out FILE [--train N] [--val N] [--size HxW] [--seed S]\n"
-                  "Writes a synthetic crack-segmentation dataset (textured backgrounds with\n"
-                  "random-walk cracks and their exact masks).")) {
+  SynthCommand opt;
+  if (!parse_command(
+          args, synth_options(), opt,
+          "Usage: dpprep synth --out FILE [--train N] [--val N] [--size HxW] [--seed S]\n"
+          "Writes a synthetic crack-segmentation dataset (textured backgrounds with\n"
+          "random-walk cracks and their exact masks).")) {
     return kExitOk;
   }
-  if (out.empty()) throw UsageError("--out must not be empty");
-  if (opt.train_count < 0)
-    throw UsageError(dp::str_cat("--train must be >= 0, got ", opt.train_count));
-  if (opt.val_count < 0) throw UsageError(dp::str_cat("--val must be >= 0, got ", opt.val_count));
+  const std::string& out = opt.out;
+  if (out.empty()) throw UsageError("--out is required (see --help)");
   if (opt.train_count == 0 && opt.val_count == 0) {
     throw UsageError("--train and --val are both 0: nothing to write");
   }
-  parse_size(size, opt.height, opt.width);
-  opt.seed = parse_number<uint64_t>(seed, "--seed");
+  parse_size(opt.size, opt.height, opt.width);
+  opt.seed = parse_number<uint64_t>(opt.seed_text, "--seed");
 
   dp::data::write_synthetic(out, opt);
   float pos_weight = 1.0f;
@@ -244,73 +243,95 @@ std::string triple(const std::array<double, 3>& v) {
   return os.str();
 }
 
+// dpprep build's command line.
+struct BuildCommand : dp::data::BuildOptions {
+  std::string resize, tile, pad_to, seed_text = "1";
+};
+
+const dp::app::OptionTable<BuildCommand>& build_options() {
+  using C = BuildCommand;
+  static const dp::app::OptionTable<C> table = [] {
+    dp::app::OptionTable<C> t;
+    const std::string topic = "Options";
+    t.command_line(topic, "help,h", "show this help");
+    t.value(topic, "images", &C::images, "folder of images").no_default();
+    t.value(topic, "masks", &C::masks, "folder of masks (paired with the images by file stem)")
+        .no_default();
+    t.value(topic, "out", &C::out, "output dataset file (HDF5, v1)").no_default();
+    t.value(topic, "val-fraction", &C::val_fraction,
+            "fraction held out for validation, stratified by whether a mask has a crack (0: none)",
+            {dp::app::unit_interval()});
+    t.value(topic, "val-images", &C::val_images,
+            "explicit validation images (with --val-masks; replaces --val-fraction)")
+        .no_default();
+    t.value(topic, "val-masks", &C::val_masks, "explicit validation masks").no_default();
+    t.value(topic, "seed", &C::seed_text, "seed of the train/val split");
+    t.value(topic, "group-by", &C::group_by,
+            "keep images whose stems share this regular expression's first match on one side of "
+            "the split, e.g. '^[^-]+' for crops PHOTO-1, PHOTO-2 of one photograph (default: "
+            "none)")
+        .no_default();
+    t.value(topic, "mask-threshold", &C::mask_threshold, "a mask pixel > T is a crack",
+            {dp::app::in_range(0, 254)});
+    t.value(topic, "resize", &C::resize,
+            "resize every pair to WxH (bilinear images, nearest masks); otherwise all images "
+            "must share one size")
+        .no_default();
+    t.value(topic, "tile", &C::tile,
+            "cut every image (any size, at least the tile) and its mask into HxW tiles; the "
+            "split stays by source image")
+        .no_default();
+    t.value(topic, "stride", &C::tile_stride,
+            "step between tiles in px (default: the tile's sides, no overlap); a last row and "
+            "column of tiles is flush with the bottom and right edges")
+        .no_default();
+    t.value(topic, "min-crack-fraction", &C::min_crack_fraction,
+            "drop tiles whose fraction of crack pixels is below F (default 0: keep all)",
+            {dp::app::in_range(0.0, 1.0)})
+        .no_default();
+    t.value(topic, "keep-below", &C::keep_below,
+            "keep this fraction (0-1, drawn from the seed) of the tiles below "
+            "--min-crack-fraction, so training still sees background (default 0)",
+            {dp::app::in_range(0.0, 1.0)})
+        .no_default();
+    t.value(topic, "pad-to", &C::pad_to,
+            "pad every image at the bottom and right with zeros (its mask with background) to "
+            "HxW; no image may be larger")
+        .no_default();
+    t.flag(topic, "skip-unpaired", &C::skip_unpaired,
+           "skip images without masks and masks without images (counted)");
+    t.value(topic, "gzip", &C::gzip_level,
+            "gzip level of the chunks, 0-9 (0: none; the fastest to read)",
+            {dp::app::in_range(0, 9)});
+    return t;
+  }();
+  return table;
+}
+
 int run_build(const std::vector<std::string>& args) {
-  dp::data::BuildOptions opt;
-  std::string resize, tile, pad_to, seed = "1";
-  po::options_description desc("Options");
-  desc.add_options()("help,h", "show this help")(
-      "images", po::value<std::string>(&opt.images)->required(), "folder of images")(
-      "masks", po::value<std::string>(&opt.masks)->required(),
-      "folder of masks (paired with the images by file stem)")(
-      "out", po::value<std::string>(&opt.out)->required(), "output dataset file (HDF5, v1)")(
-      "val-fraction", po::value<double>(&opt.val_fraction)->default_value(opt.val_fraction, "0.1"),
-      "fraction held out for validation, stratified by whether a mask has a crack (0: none)")(
-      "val-images", po::value<std::string>(&opt.val_images),
-      "explicit validation images (with --val-masks; replaces --val-fraction)")(
-      "val-masks", po::value<std::string>(&opt.val_masks), "explicit validation masks")(
-      "seed", po::value<std::string>(&seed)->default_value(seed), "seed of the train/val split")(
-      "group-by", po::value<std::string>(&opt.group_by),
-      "keep images whose stems share this regular expression's first match on one side of the "
-      "split, e.g. '^[^-]+' for crops PHOTO-1, PHOTO-2 of one photograph (default: none)")(
-      "mask-threshold", po::value<int>(&opt.mask_threshold)->default_value(opt.mask_threshold),
-      "a mask pixel > T is a crack")(
-      "resize", po::value<std::string>(&resize),
-      "resize every pair to WxH (bilinear images, nearest masks); otherwise all images must "
-      "share one size")(
-      "tile", po::value<std::string>(&tile),
-      "cut every image (any size, at least the tile) and its mask into HxW tiles; the split "
-      "stays by source image")(
-      "stride", po::value<int>(&opt.tile_stride),
-      "step between tiles in px (default: the tile's sides, no overlap); a last row and column "
-      "of tiles is flush with the bottom and right edges")(
-      "min-crack-fraction", po::value<double>(&opt.min_crack_fraction),
-      "drop tiles whose fraction of crack pixels is below F (default 0: keep all)")(
-      "keep-below", po::value<double>(&opt.keep_below),
-      "keep this fraction (0-1, drawn from the seed) of the tiles below --min-crack-fraction, "
-      "so training still sees background (default 0)")(
-      "pad-to", po::value<std::string>(&pad_to),
-      "pad every image at the bottom and right with zeros (its mask with background) to HxW; "
-      "no image may be larger")("skip-unpaired", po::bool_switch(&opt.skip_unpaired),
-                                "skip images without masks and masks without images (counted)")(
-      "gzip", po::value<int>(&opt.gzip_level)->default_value(opt.gzip_level),
-      "gzip level of the chunks, 0-9 (0: none; the fastest to read)");
-  po::variables_map vm;
-  if (!parse_args(args, desc, vm,
-                  "Usage: dpprep build --images DIR --masks DIR --out FILE [options]\n"
-                  "Builds a dataset v1 file from folders of images and masks (.jpg, .jpeg,\n"
-                  "  .png, .tif, .tiff, .bmp), paired by file stem. Masks are binarised\n"
-                  "  (> threshold). Images of several sizes need --tile or --pad-to.")) {
-    return kExitOk;
-  }
-  if (opt.out.empty()) throw UsageError("--out must not be empty");
-  if (vm.count("val-images") != vm.count("val-masks")) {
+  BuildCommand opt;
+  const auto vm =
+      parse_command(args, build_options(), opt,
+                    "Usage: dpprep build --images DIR --masks DIR --out FILE [options]\n"
+                    "Builds a dataset v1 file from folders of images and masks (.jpg, .jpeg,\n"
+                    "  .png, .tif, .tiff, .bmp), paired by file stem. Masks are binarised\n"
+                    "  (> threshold). Images of several sizes need --tile or --pad-to.");
+  if (!vm) return kExitOk;
+  for (const auto& [value, flag] : {std::pair{&opt.images, "--images"},
+                                    std::pair{&opt.masks, "--masks"}, std::pair{&opt.out, "--out"}})
+    if (value->empty()) throw UsageError(dp::str_cat(flag, " is required (see --help)"));
+  if (vm->count("val-images") != vm->count("val-masks")) {
     throw UsageError("--val-images and --val-masks go together");
   }
-  if (vm.count("val-images") && !vm["val-fraction"].defaulted()) {
+  if (vm->count("val-images") && !(*vm)["val-fraction"].defaulted()) {
     throw UsageError("give either --val-fraction or --val-images/--val-masks, not both");
   }
-  if (vm.count("val-images") && vm.count("group-by")) {
+  if (vm->count("val-images") && vm->count("group-by")) {
     throw UsageError("--group-by groups a drawn split; --val-images gives the split itself");
   }
-  if (opt.val_fraction < 0 || opt.val_fraction >= 1) {
-    throw UsageError(dp::str_cat("--val-fraction must be in [0, 1), got ", opt.val_fraction));
-  }
-  if (opt.mask_threshold < 0 || opt.mask_threshold > 254) {
-    throw UsageError(dp::str_cat("--mask-threshold must be in [0, 254], got ", opt.mask_threshold));
-  }
-  if (opt.gzip_level < 0 || opt.gzip_level > 9) {
-    throw UsageError(dp::str_cat("--gzip must be in [0, 9], got ", opt.gzip_level));
-  }
+  const std::string& resize = opt.resize;
+  const std::string& tile = opt.tile;
+  const std::string& pad_to = opt.pad_to;
   if (!resize.empty()) parse_resize(resize, opt.resize_width, opt.resize_height);
   if (!tile.empty()) parse_hw(tile, "--tile", opt.tile_height, opt.tile_width);
   if (!pad_to.empty()) parse_hw(pad_to, "--pad-to", opt.pad_height, opt.pad_width);
@@ -318,18 +339,13 @@ int run_build(const std::vector<std::string>& args) {
     throw UsageError("give at most one of --resize, --tile and --pad-to");
   }
   if (tile.empty() &&
-      (vm.count("stride") || vm.count("min-crack-fraction") || vm.count("keep-below"))) {
+      (vm->count("stride") || vm->count("min-crack-fraction") || vm->count("keep-below"))) {
     throw UsageError("--stride, --min-crack-fraction and --keep-below need --tile HxW");
   }
-  if (vm.count("stride") && (opt.tile_stride < 1 || opt.tile_stride > kMaxSide)) {
+  if (vm->count("stride") && (opt.tile_stride < 1 || opt.tile_stride > kMaxSide)) {
     throw UsageError(dp::str_cat("--stride must be in [1, ", kMaxSide, "], got ", opt.tile_stride));
   }
-  if (opt.min_crack_fraction < 0 || opt.min_crack_fraction > 1 || opt.keep_below < 0 ||
-      opt.keep_below > 1) {
-    throw UsageError(dp::str_cat("--min-crack-fraction and --keep-below must be in [0, 1], got ",
-                                 opt.min_crack_fraction, " and ", opt.keep_below));
-  }
-  opt.seed = parse_number<uint64_t>(seed, "--seed");
+  opt.seed = parse_number<uint64_t>(opt.seed_text, "--seed");
 
   catch_interrupts();
   Progress progress;
@@ -373,20 +389,33 @@ std::string chunk_text(const std::vector<int64_t>& chunk, const std::vector<int6
   return per_sample ? s + " (one per sample)" : s;
 }
 
+// dpprep info's command line.
+struct InfoCommand {
+  std::string file;
+};
+
+const dp::app::OptionTable<InfoCommand>& info_options() {
+  static const dp::app::OptionTable<InfoCommand> table = [] {
+    dp::app::OptionTable<InfoCommand> t;
+    t.command_line("Options", "help,h", "show this help");
+    t.value("", "file", &InfoCommand::file, "the dataset").no_default();
+    return t;
+  }();
+  return table;
+}
+
 int run_info(const std::vector<std::string>& args) {
-  po::options_description desc("Options");
-  desc.add_options()("help,h", "show this help");
-  po::variables_map vm;
-  constexpr const char* kFile = "file";
-  if (!parse_args(args, desc, vm,
-                  "Usage: dpprep info FILE\n"
-                  "Checks a dataset v1 file (layout, attributes, every mask value) and describes "
-                  "it;\nexits non-zero with the reason if it is not a valid v1 dataset.",
-                  kFile)) {
+  InfoCommand c;
+  if (!parse_command(
+          args, info_options(), c,
+          "Usage: dpprep info FILE\n"
+          "Checks a dataset v1 file (layout, attributes, every mask value) and describes "
+          "it;\nexits non-zero with the reason if it is not a valid v1 dataset.",
+          {"file", 1})) {
     return kExitOk;
   }
-  if (!vm.count(kFile)) throw UsageError("no FILE given (usage: dpprep info FILE)");
-  const std::string path = vm[kFile].as<std::string>();
+  if (c.file.empty()) throw UsageError("no FILE given (usage: dpprep info FILE)");
+  const std::string& path = c.file;
   catch_interrupts();
   Progress progress;
   const dp::data::DatasetInfo info = dp::data::inspect_dataset(
@@ -441,7 +470,6 @@ void print_help() {
 int run(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) throw UsageError("no command given (try 'dpprep --help')");
-  dp::app::refuse_placeholders_in_argv(argc, argv);
   const std::string& name = args.front();
   if (name == "--help" || name == "-h" || name == "help") {
     print_help();
@@ -458,19 +486,12 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const Interrupted& e) {
-    std::cerr << kProgram << ": error: " << e.what() << "\n";
-    return kExitSignalBase + e.signal();
-  } catch (const UsageError& e) {
-    std::cerr << kProgram << ": error: " << e.what() << "\n";
-    return kExitUsage;
-  } catch (const po::error& e) {
-    std::cerr << kProgram << ": error: " << e.what() << "\n";
-    return kExitUsage;
-  } catch (const std::exception& e) {
-    dp::app::print_error_lines(kProgram, e.what());
-    return kExitFailure;
-  }
+  return dp::app::run_program(kProgram, [&] {
+    try {
+      return run(argc, argv);
+    } catch (const Interrupted& e) {  // the signal's exit status, as the shell gives it
+      std::cerr << kProgram << ": error: " << e.what() << "\n";
+      return kExitSignalBase + e.signal();
+    }
+  });
 }

@@ -4,12 +4,15 @@
 
 #include <boost/program_options.hpp>
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "dp/error.hpp"
@@ -44,6 +47,10 @@ Rule<T> positive() {
   return {[](const T& v) { return v > 0; }, "must be positive"};
 }
 
+// An option's value as checkpoints record it (dp::OptionValue, dp/checkpoint.hpp): an integer
+// (switches 0 or 1), a number or a word.
+using OptionValue = std::variant<int64_t, double, std::string>;
+
 // A value as --help's default and the printed configuration show it.
 template <class T>
 std::string option_text(const T& value) {
@@ -56,6 +63,17 @@ std::string option_text(const T& value) {
     os << value;
     return os.str();
   }
+}
+
+// A value typed as checkpoints record it.
+template <class T>
+OptionValue typed_value(const T& value) {
+  if constexpr (std::is_integral_v<T>)
+    return int64_t(value);
+  else if constexpr (std::is_floating_point_v<T>)
+    return double(value);
+  else
+    return option_text(value);
 }
 
 template <class Options>
@@ -73,6 +91,7 @@ class OptionTable {
     std::string implicit;  // the value of a bare --name (strings), "" for none
     std::function<void(po_easy_init_t&, Options&, const Entry&)> add;
     Show show;
+    std::function<OptionValue(const Options&)> typed;  // what checkpoints record
     std::function<void(const Options&)> check;
 
     // --help shows no default, and an option left out is absent from the parsed variables (its
@@ -86,20 +105,26 @@ class OptionTable {
       implicit = std::move(value);
       return *this;
     }
-    // Printed under `key` as `show` gives it ("" key: not printed).
+    // Printed under `key` as `show` gives it, and recorded as that text ("" key: not printed).
     Entry& printed(std::string printed_key, Show printed_show = nullptr) {
       key = std::move(printed_key);
-      if (printed_show) show = std::move(printed_show);
+      if (printed_show) {
+        show = std::move(printed_show);
+        typed = [show = show](const Options& o) { return OptionValue(show(o)); };
+      }
       return *this;
     }
   };
 
-  // `--name V` sets options.*member, checked by `rules` in order.
-  template <class T>
-  Entry& value(std::string topic, std::string name, T Options::*member, std::string help,
+  // `--name V` sets options.*member (a member of Options or of a base of it), checked by `rules`
+  // in order.
+  template <class T, class Of>
+  Entry& value(std::string topic, std::string name, T Of::*member, std::string help,
                std::vector<Rule<T>> rules = {}) {
+    static_assert(std::is_base_of_v<Of, Options>);
     Entry& e = add_entry(std::move(topic), std::move(name), std::move(help));
     e.show = [member](const Options& o) { return option_text(o.*member); };
+    e.typed = [member](const Options& o) { return typed_value(o.*member); };
     e.add = [member](po_easy_init_t& init, Options& o, const Entry& self) {
       auto* v = boost::program_options::value(&(o.*member));
       if constexpr (std::is_same_v<T, std::vector<std::string>>) {
@@ -129,6 +154,7 @@ class OptionTable {
                 std::string help) {
     Entry& e = add_entry(std::move(topic), std::move(name), std::move(help));
     e.show = [member, words](const Options& o) { return word_of(words, o.*member); };
+    e.typed = [show = e.show](const Options& o) { return OptionValue(show(o)); };
     e.add = [member, words](po_easy_init_t& init, Options& o, const Entry& self) {
       init(self.name.c_str(),
            boost::program_options::value<std::string>()
@@ -156,10 +182,13 @@ class OptionTable {
     return e;
   }
 
-  // A switch: --name sets options.*member.
-  Entry& flag(std::string topic, std::string name, bool Options::*member, std::string help) {
+  // A switch: --name sets options.*member (of Options or of a base of it).
+  template <class Of>
+  Entry& flag(std::string topic, std::string name, bool Of::*member, std::string help) {
+    static_assert(std::is_base_of_v<Of, Options>);
     Entry& e = add_entry(std::move(topic), std::move(name), std::move(help));
     e.show = [member](const Options& o) { return option_text(o.*member); };
+    e.typed = [member](const Options& o) { return typed_value(o.*member); };
     e.add = [member](po_easy_init_t& init, Options& o, const Entry& self) {
       init(self.name.c_str(), boost::program_options::bool_switch(&(o.*member)), self.help.c_str());
     };
@@ -233,6 +262,14 @@ class OptionTable {
     return text;
   }
 
+  // The same options typed, key -> value: what checkpoints record.
+  std::map<std::string, OptionValue> values(const Options& o) const {
+    std::map<std::string, OptionValue> typed;
+    for (const Entry& e : entries_)
+      if (!e.key.empty()) typed.emplace(e.key, e.typed ? e.typed(o) : OptionValue(e.show(o)));
+    return typed;
+  }
+
  private:
   static std::string long_name(const std::string& name) { return name.substr(0, name.find(',')); }
 
@@ -251,26 +288,31 @@ class OptionTable {
   std::vector<Entry> entries_;
 };
 
-// Parses argv with `options`: the words that are not options go to the option named
-// `positional`, or are a UsageError where it is null. `before_notify` may store more values,
-// which the command line's override (dptrain's --config). A malformed command line is a
-// UsageError "... (see --help)".
-inline boost::program_options::variables_map parse_command_line(
-    int argc, const char* const* argv, const boost::program_options::options_description& options,
-    const char* positional = nullptr,
+// The words of a command line that are not options: the first `count` of them (-1: all) are
+// the values of the option `name`; more, or any where `name` is null, are a UsageError.
+struct Operands {
+  const char* name = nullptr;
+  int count = -1;
+};
+
+// Parses `args` (the command line after the program's name) with `options`. `before_notify` may
+// store more values, which the command line's override (dptrain's --config). A malformed command
+// line is a UsageError "... (see --help)".
+inline boost::program_options::variables_map read_command_line(
+    const std::vector<std::string>& args,
+    const boost::program_options::options_description& options, Operands operands = {},
     const std::function<void(boost::program_options::variables_map&)>& before_notify = {}) {
   namespace po = boost::program_options;
-  refuse_placeholders_in_argv(argc, argv);
+  for (const std::string& a : args) refuse_placeholders(a, str_cat("argument '", a, "'"));
   constexpr const char* kStray = "unexpected-words";
   po::options_description all;
-  all.add(options);
-  if (positional == nullptr)
-    all.add_options()(positional = kStray, po::value<std::vector<std::string>>());
+  all.add(options).add_options()(kStray, po::value<std::vector<std::string>>());
   po::positional_options_description words;
-  words.add(positional, -1);
+  if (operands.name != nullptr) words.add(operands.name, operands.count);
+  if (operands.name == nullptr || operands.count >= 0) words.add(kStray, -1);
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(argc, argv).options(all).positional(words).run(), vm);
+    po::store(po::command_line_parser(args).options(all).positional(words).run(), vm);
     if (vm.count(kStray))
       throw UsageError(str_cat("unexpected argument '",
                                vm[kStray].as<std::vector<std::string>>().front(),
@@ -281,6 +323,15 @@ inline boost::program_options::variables_map parse_command_line(
     throw UsageError(str_cat(e.what(), " (see --help)"));
   }
   return vm;
+}
+
+// The same for main's argc and argv.
+inline boost::program_options::variables_map read_command_line(
+    int argc, const char* const* argv, const boost::program_options::options_description& options,
+    Operands operands = {},
+    const std::function<void(boost::program_options::variables_map&)>& before_notify = {}) {
+  return read_command_line(std::vector<std::string>(argv + 1, argv + argc), options, operands,
+                            before_notify);
 }
 
 }  // namespace dp::app

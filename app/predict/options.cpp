@@ -196,7 +196,7 @@ std::optional<PredictOptions> parse_predict_options(int argc, const char* const*
       "       [mpirun -np N] dppredict --measure-only -o OUT [--pixel-size MM] MASK|FOLDER...\n"
       "Writes OUT/masks/<name>.png (0 or 255) for every image; the files are split across "
       "ranks");
-  const po::variables_map vm = parse_command_line(argc, argv, bound.all, "input");
+  const po::variables_map vm = read_command_line(argc, argv, bound.all, {"input"});
   if (vm.count("help")) {
     if (print_help) std::cout << bound.visible << "\n";
     return std::nullopt;

@@ -2,17 +2,23 @@
 // every rank agrees on the outcome).
 #include "train/checkpoints.hpp"
 
+#include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
+#include <system_error>
 #include <utility>
+#include <variant>
 
 #include "agreement.hpp"
 #include "dp/weights.hpp"
 #include "exit_codes.hpp"
 #include "normalization.hpp"
+#include "option_table.hpp"  // option_text
 #include "train/metrics.hpp"
 #include "train/retention.hpp"
 #include "train/run_state.hpp"
@@ -81,25 +87,46 @@ const ParamView* first_nonfinite_view(const ParamStore& params, const float* are
   return nullptr;
 }
 
+std::optional<double> number(const OptionValue& v) {
+  if (const auto* i = std::get_if<int64_t>(&v)) return double(*i);
+  if (const auto* d = std::get_if<double>(&v)) return *d;
+  return std::nullopt;
+}
+
+// As the printed configuration shows it.
+std::string text(const OptionValue& v) {
+  return std::visit([](const auto& x) { return option_text(x); }, v);
+}
+
+// Equal, numbers to the 6 digits that the options text of older files keeps.
+bool same(const OptionValue& a, const OptionValue& b) {
+  const std::optional<double> x = number(a), y = number(b);
+  if (x && y)
+    return *x == *y || std::fabs(*x - *y) <= 1e-6 * std::max(std::fabs(*x), std::fabs(*y));
+  return text(a) == text(b);
+}
+
 // What differs between the loss a checkpoint was trained with (its recorded options) and this
 // run's, as "loss bce -> bce+dice, pos_weight none -> sqrt"; empty if nothing does. Checkpoints
 // from before --loss trained with bce, and recorded pos_weight as 0 or 1.
-std::string loss_changes(const std::string& recorded, const TrainOptions& now) {
-  std::map<std::string, std::string> was = parse_option_lines(recorded);
+std::string loss_changes(std::map<std::string, OptionValue> was, const TrainOptions& now) {
   if (was.empty()) return {};  // written without options: nothing to compare
   was.try_emplace("loss", "bce");
-  std::string& pw = was["pos_weight"];
-  pw = pw.empty() || pw == "0" ? "none" : pw == "1" ? "dataset" : pw;
-  const std::map<std::string, std::string> is = parse_option_lines(now.describe());
+  OptionValue& pw = was["pos_weight"];  // absent: 0
+  if (const std::optional<double> legacy = number(pw); legacy && (*legacy == 0 || *legacy == 1))
+    pw = *legacy == 0 ? "none" : "dataset";
+  const std::map<std::string, OptionValue> is = now.values();
+  const std::string loss_then = text(was["loss"]);
   std::string changes;
   for (const char* key : {"loss", "pos_weight", "focal_alpha", "focal_gamma", "cldice_weight",
                           "cldice_iterations", "cldice_start_epoch"}) {
     const bool focal_key = key[0] == 'f', cldice_key = key[0] == 'c';
-    if (focal_key && (was["loss"] != "focal" || now.loss != "focal")) continue;
-    const bool cldice_then = was["loss"].find("cldice") != std::string::npos;
+    if (focal_key && (loss_then != "focal" || now.loss != "focal")) continue;
+    const bool cldice_then = loss_then.find("cldice") != std::string::npos;
     if (cldice_key && (!cldice_then || now.loss.find("cldice") == std::string::npos)) continue;
-    if (was[key] != is.at(key))
-      changes += str_cat(changes.empty() ? "" : ", ", key, " ", was[key], " -> ", is.at(key));
+    if (!same(was[key], is.at(key)))
+      changes +=
+          str_cat(changes.empty() ? "" : ", ", key, " ", text(was[key]), " -> ", text(is.at(key)));
   }
   return changes;
 }
@@ -107,18 +134,33 @@ std::string loss_changes(const std::string& recorded, const TrainOptions& now) {
 // The base learning rate the checkpoint was trained at where it differs from this run's, else "".
 // (--lr's default changes with --weight-init, and changed with it on 2026-12-05: a run resumed by
 // a newer dptrain without --lr would otherwise change its rate without a word.)
-std::string rate_change(const std::string& recorded, const TrainOptions& now) {
-  const std::map<std::string, std::string> was = parse_option_lines(recorded);
+std::string rate_change(const std::map<std::string, OptionValue>& was, const TrainOptions& now) {
   const auto it = was.find("lr");
-  if (it == was.end()) return {};
-  char* end = nullptr;
-  const double lr = std::strtod(it->second.c_str(), &end);
-  if (end == it->second.c_str() || lr == now.lr || std::fabs(lr - now.lr) <= 1e-6 * now.lr)
-    return {};
-  return it->second;
+  if (it == was.end() || !number(it->second) || same(it->second, now.lr)) return {};
+  return text(it->second);
 }
 
 }  // namespace
+
+// The options a checkpoint was trained with, typed: the values it records, or, in files written
+// before it recorded them, its options text read back (integers, numbers, else words).
+std::map<std::string, OptionValue> recorded_options(const CheckpointMeta& meta) {
+  if (!meta.option_values.empty()) return meta.option_values;
+  std::map<std::string, OptionValue> typed;
+  for (const auto& [key, text] : parse_option_lines(meta.options)) {
+    int64_t integer = 0;
+    const char* end = text.data() + text.size();
+    char* stop = nullptr;
+    const double real = std::strtod(text.c_str(), &stop);
+    if (auto [at, ec] = std::from_chars(text.data(), end, integer); ec == std::errc() && at == end)
+      typed[key] = integer;
+    else if (!text.empty() && stop == end)
+      typed[key] = real;
+    else
+      typed[key] = text;
+  }
+  return typed;
+}
 
 std::string first_nonfinite_tensor(Model& model, Optimizer& optim) {
   if (const ParamView* v = first_nonfinite_view(model.params(), model.params().values()))
@@ -268,11 +310,11 @@ CheckpointMeta Checkpoints::restore_or_init() {
     }
     if (!resumed_from.empty() && state.best_metric != best_metric_name(opt_.best_metric))
       rechoose_best(state);
-    if (const std::string changes = loss_changes(state.options, opt_);
+    if (const std::string changes = loss_changes(recorded_options(state), opt_);
         !resumed_from.empty() && !changes.empty())
       log_.warn("checkpoint '", resumed_from, "' was trained with another loss (", changes,
                 "); training continues with this run's (give the checkpoint's options to keep it)");
-    if (const std::string lr = rate_change(state.options, opt_);
+    if (const std::string lr = rate_change(recorded_options(state), opt_);
         !resumed_from.empty() && !lr.empty())
       log_.warn("checkpoint '", resumed_from, "' was trained at --lr ", lr,
                 "; training continues at this run's ", opt_.lr, " (give --lr ", lr, " to keep it)");

@@ -3,6 +3,7 @@
 // retention (--save-every, --keep-last).
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "dp/checkpoint.hpp"
@@ -19,6 +20,10 @@ namespace dp::app {
 // infinite value, as "parameter 'name'", "buffer 'name'" or "<state> of 'name'"; empty if every
 // value is finite. Reads the host copies (downloads device arenas).
 std::string first_nonfinite_tensor(Model& model, Optimizer& optim);
+
+// The options a checkpoint was trained with, typed: the values it records or, in files written
+// before it recorded them, its options text read back (integers, numbers, else words).
+std::map<std::string, OptionValue> recorded_options(const CheckpointMeta& meta);
 
 class Checkpoints {
  public:

@@ -315,6 +315,10 @@ std::string TrainOptions::describe() const {
   return train_option_table().describe(*this);
 }
 
+std::map<std::string, OptionValue> TrainOptions::values() const {
+  return train_option_table().values(*this);
+}
+
 namespace {
 
 // Reads an INI file of options into `vm` (values already there, from the command line, stay).
@@ -352,7 +356,7 @@ std::optional<TrainOptions> parse_train_options(int argc, const char* const* arg
 
   // --config: stored after the command line, whose values therefore win.
   const po::variables_map vm =
-      parse_command_line(argc, argv, bound.all, nullptr, [&bound](po::variables_map& given) {
+      read_command_line(argc, argv, bound.all, {}, [&bound](po::variables_map& given) {
         if (given.count("config"))
           store_config_file(given["config"].as<std::string>(), bound.all, given);
       });

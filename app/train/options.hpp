@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -10,6 +11,7 @@
 #include "device.hpp"    // DeviceChoice
 #include "dp/adamw.hpp"  // LrScheduleKind, LrScaling
 #include "dp/backend.hpp"
+#include "dp/checkpoint.hpp"  // OptionValue
 #include "dp/error.hpp"
 #include "dp/loader.hpp"
 #include "dp/model.hpp"
@@ -125,6 +127,8 @@ struct TrainOptions {
   // "key = value" lines of every effective option (printed at start, stored in checkpoints), in
   // the option table's order (options.cpp: each option declared once).
   std::string describe() const;
+  // The same options typed, as checkpoints record them.
+  std::map<std::string, OptionValue> values() const;
 };
 
 // The words of --weight-init (he, pytorch), --optimizer (adamw, sgd), --lr-schedule (auto,

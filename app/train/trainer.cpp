@@ -574,6 +574,7 @@ void Trainer::stamp_state(float lr) {
   state_.normalize_mean.assign(norm.mean.begin(), norm.mean.end());
   state_.normalize_std.assign(norm.std.begin(), norm.std.end());
   state_.options = opt_.describe() + describe_normalization(norm);
+  state_.option_values = opt_.values();
 }
 
 std::optional<mpi::StallWatchdog::Scope> Trainer::watch(const char* collective) {

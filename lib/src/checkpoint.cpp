@@ -8,6 +8,7 @@
 #include <limits>
 #include <regex>
 #include <tuple>
+#include <variant>
 
 #include "dp/error.hpp"
 #include "dp/fs.hpp"
@@ -23,6 +24,7 @@ const std::string kBuffersGroup = "buffers";
 const std::string kOptimGroup = "optim/";
 const std::string kAveragedParamsGroup = "ema/params/";
 const std::string kAveragedBuffersGroup = "ema/buffers/";
+const std::string kOptionPrefix = "options.";  // the typed configuration's attributes
 // Partial checksums, so that a weights-only read (dppredict, dpexport) verifies and reads only the
 // tensors it loads: the raw weights (parameters, then buffers: the full chain's first part) and,
 // as a chain of their own, the averaged weights. Absent in older files, which are read whole.
@@ -92,6 +94,9 @@ void write_meta(h5::Location& root, const CheckpointMeta& m) {
   root.set_attr("best_valid_loss", m.best_valid_loss);
   root.set_attr("best_epoch", m.best_epoch);
   root.set_attr("options", m.options);
+  for (const auto& [key, value] : m.option_values)
+    std::visit([&root, &key = key](const auto& v) { root.set_attr(kOptionPrefix + key, v); },
+               value);
   if (!m.normalize_mean.empty()) {
     root.set_attr("normalize_mean", m.normalize_mean);
     root.set_attr("normalize_std", m.normalize_std);
@@ -146,6 +151,20 @@ CheckpointMeta read_meta(const h5::Location& root) {
   m.best_valid_loss = root.attr_double("best_valid_loss");
   m.best_epoch = root.attr_int("best_epoch");
   m.options = root.attr_string("options");
+  for (const std::string& name : root.attr_names()) {
+    if (name.rfind(kOptionPrefix, 0) != 0) continue;
+    const std::string key = name.substr(kOptionPrefix.size());
+    switch (root.attr_kind(name)) {
+      case h5::Location::AttrKind::kInteger:
+        m.option_values[key] = root.attr_int(name);
+        break;
+      case h5::Location::AttrKind::kNumber:
+        m.option_values[key] = root.attr_double(name);
+        break;
+      default:
+        m.option_values[key] = root.attr_string(name);  // a string, or an error naming it
+    }
+  }
   if (root.has_attr("normalize_mean") && root.has_attr("normalize_std")) {
     m.normalize_mean = root.attr_doubles("normalize_mean");
     m.normalize_std = root.attr_doubles("normalize_std");

@@ -493,7 +493,9 @@ Group Location::open_group(const std::string& path) const {
 }
 
 namespace {
-herr_t collect_child(hid_t, const char* name, const H5L_info_t*, void* data) {
+// H5Literate's and H5Aiterate2's callback: appends the name to a std::vector<std::string>.
+template <class Info>
+herr_t collect_name(hid_t, const char* name, const Info*, void* data) {
   static_cast<std::vector<std::string>*>(data)->emplace_back(name);
   return 0;
 }
@@ -503,10 +505,38 @@ std::vector<std::string> Location::children() const {
   Guard guard;
   std::vector<std::string> names;
   hsize_t index = 0;
-  DP_H5_CHECK_MSG(H5Literate(id(), H5_INDEX_NAME, H5_ITER_INC, &index, collect_child, &names),
-                  "listing the children of '", name_, "'");
+  DP_H5_CHECK_MSG(
+      H5Literate(id(), H5_INDEX_NAME, H5_ITER_INC, &index, collect_name<H5L_info_t>, &names),
+      "listing the children of '", name_, "'");
   std::sort(names.begin(), names.end());
   return names;
+}
+
+std::vector<std::string> Location::attr_names() const {
+  Guard guard;
+  std::vector<std::string> names;
+  hsize_t index = 0;
+  DP_H5_CHECK_MSG(
+      H5Aiterate2(id(), H5_INDEX_NAME, H5_ITER_INC, &index, collect_name<H5A_info_t>, &names),
+      "listing the attributes of '", name_, "'");
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+Location::AttrKind Location::attr_kind(const std::string& name) const {
+  Guard guard;
+  Id attr = open_attr(*this, name);
+  Id type = DP_H5_ID(H5Aget_type(attr.get()), "reading the type of attribute '", name, "'");
+  switch (H5Tget_class(type.get())) {
+    case H5T_INTEGER:
+      return AttrKind::kInteger;
+    case H5T_FLOAT:
+      return AttrKind::kNumber;
+    case H5T_STRING:
+      return AttrKind::kString;
+    default:
+      return AttrKind::kOther;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

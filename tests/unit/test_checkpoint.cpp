@@ -82,6 +82,18 @@ TEST(Checkpoint, RoundTripIsExact) {
   EXPECT_EQ(m.epoch_seconds, e.epoch_seconds);
 }
 
+// The configuration's typed values round-trip with their types; older files have none.
+TEST(Checkpoint, TypedOptionsRoundTrip) {
+  test::TempDir dir;
+  Fixture a;
+  CheckpointMeta meta = sample_meta();
+  meta.option_values = {{"epochs", int64_t(15)}, {"lr", 0.003}, {"loss", std::string("bce+dice")}};
+  save_checkpoint(dir.file("typed.h5"), a.model->params(), nullptr, meta);
+  EXPECT_EQ(read_checkpoint_meta(dir.file("typed.h5")).option_values, meta.option_values);
+  save_checkpoint(dir.file("untyped.h5"), a.model->params(), nullptr, sample_meta());
+  EXPECT_TRUE(read_checkpoint_meta(dir.file("untyped.h5")).option_values.empty());
+}
+
 // The input statistics are typed attributes (3 values each), absent from files written before.
 TEST(Checkpoint, NormalizationStatisticsRoundTrip) {
   test::TempDir dir;

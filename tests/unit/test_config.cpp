@@ -4,9 +4,13 @@
 
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
+#include <variant>
 
+#include "option_table.hpp"
 #include "test_util.hpp"
+#include "train/checkpoints.hpp"
 #include "train/loss.hpp"
 #include "train/options.hpp"
 
@@ -166,6 +170,45 @@ TEST(Config, HelpIsGroupedByTopic) {
   // Defaults print as written, not as their nearest doubles (0.90000000000000002).
   for (const char* noise : {"00000000", "99999999"})
     EXPECT_EQ(help.find(noise), std::string::npos) << help;
+}
+
+// What checkpoints record: every line of the printed configuration as a typed value (integers,
+// numbers, words) that prints as that line does.
+TEST(Config, TypedValuesAreThePrintedConfiguration) {
+  const auto o = parse({"--epochs", "7", "--lr", "0.002", "--loss", "bce", "--ema", "0.9"});
+  ASSERT_TRUE(o.has_value());
+  const std::map<std::string, OptionValue> typed = o->values();
+  EXPECT_EQ(std::get<int64_t>(typed.at("epochs")), 7);
+  EXPECT_EQ(std::get<double>(typed.at("lr")), 0.002);
+  EXPECT_EQ(std::get<double>(typed.at("ema")), 0.9);
+  EXPECT_EQ(std::get<std::string>(typed.at("loss")), "bce");
+  EXPECT_EQ(std::get<std::string>(typed.at("optimizer")), "adamw");
+  std::istringstream lines(o->describe());
+  size_t count = 0;
+  for (std::string line; std::getline(lines, line); ++count) {
+    const size_t eq = line.find(" = ");
+    ASSERT_NE(eq, std::string::npos) << line;
+    const auto it = typed.find(line.substr(0, eq));
+    ASSERT_NE(it, typed.end()) << line;
+    EXPECT_EQ(std::visit([](const auto& v) { return app::option_text(v); }, it->second),
+              line.substr(eq + 3))
+        << line;
+  }
+  EXPECT_EQ(count, typed.size());
+}
+
+// A checkpoint from before the typed values: its options text read back, typed.
+TEST(Config, OlderCheckpointsOptionsTextReadsBackTyped) {
+  CheckpointMeta meta;
+  meta.options = "epochs = 15\nlr = 0.003\nloss = bce\npos_weight = 1\nmodel_dir = runs/a b\n";
+  const std::map<std::string, OptionValue> was = app::recorded_options(meta);
+  EXPECT_EQ(std::get<int64_t>(was.at("epochs")), 15);
+  EXPECT_EQ(std::get<double>(was.at("lr")), 0.003);
+  EXPECT_EQ(std::get<std::string>(was.at("loss")), "bce");
+  EXPECT_EQ(std::get<int64_t>(was.at("pos_weight")), 1);
+  EXPECT_EQ(std::get<std::string>(was.at("model_dir")), "runs/a b");
+  meta.option_values = {{"lr", 0.001}};  // recorded values win over the text
+  EXPECT_EQ(app::recorded_options(meta), meta.option_values);
 }
 
 }  // namespace

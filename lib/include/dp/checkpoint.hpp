@@ -3,7 +3,9 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "dp/optim_state.hpp"
@@ -12,6 +14,9 @@
 namespace dp {
 
 inline constexpr const char* kCheckpointFormat = "dp-checkpoint-v1";
+
+// An option's value as a checkpoint records it: an integer (switches 0 or 1), a number or a word.
+using OptionValue = std::variant<int64_t, double, std::string>;
 
 // Layout: /params/<name> (float32, PyTorch shape), /buffers/<name> (batch-norm running
 // statistics), /optim/momentum_buffer/<name>; root attributes below. `checksum` covers every
@@ -37,6 +42,9 @@ struct CheckpointMeta {
       "valid_loss";       // how the best epoch is chosen (valid_loss, iou, dice, ods)
   double best_score = 0;  // that metric's value at the best epoch
   std::string options;    // effective configuration, one "key = value" per line
+  // The same configuration typed, as root attributes "options.<key>"; empty in files written
+  // before it was recorded (their `options` text has it).
+  std::map<std::string, OptionValue> option_values;
   // The input statistics training normalised with, (v / 255 - mean) / std per RGB channel: 3
   // values each; empty in files written before they were recorded (their `options` text says).
   std::vector<double> normalize_mean, normalize_std;

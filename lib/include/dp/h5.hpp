@@ -62,6 +62,10 @@ class Location {
   int64_t attr_int(const std::string& name) const;
   double attr_double(const std::string& name) const;
   std::vector<double> attr_doubles(const std::string& name) const;
+  // The attributes' names, sorted, and what one holds.
+  enum class AttrKind { kInteger, kNumber, kString, kOther };
+  std::vector<std::string> attr_names() const;
+  AttrKind attr_kind(const std::string& name) const;
   // Creates a group (and missing parents) or opens an existing one.
   class Group group(const std::string& path);
   class Group open_group(const std::string& path) const;
