@@ -331,7 +331,7 @@ inline boost::program_options::variables_map read_command_line(
     Operands operands = {},
     const std::function<void(boost::program_options::variables_map&)>& before_notify = {}) {
   return read_command_line(std::vector<std::string>(argv + 1, argv + argc), options, operands,
-                            before_notify);
+                           before_notify);
 }
 
 }  // namespace dp::app
