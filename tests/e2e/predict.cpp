@@ -26,6 +26,7 @@
 #include "predict/tiling.hpp"
 #include "test_util.hpp"
 #include "train/trainer.hpp"
+#include "trained_suite.hpp"
 
 #ifdef DP_WITH_CUDA
 #include "dp/cuda/device.hpp"
@@ -299,28 +300,15 @@ TEST(Normalization, TypedAttributesFirstThenTheOptionsText) {
 // ---------------------------------------------------------------------------------------------
 // With a model trained for one epoch by dptrain
 
-class Predict : public ::testing::Test {
+class Predict : public test::TrainedSuite<Predict> {
+ public:
+  static constexpr int kValSamples = 8, kSide = kSize;
+
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir;
-    data_ = dir_->file("synth.h5");
-    test::write_tiny_dataset(data_, 32, 8, kSize);
-    checkpoint_ =
-        test::train_one_epoch(test::mpiexec(), test::program("dptrain"), data_, dir_->file("run"));
-    ASSERT_FALSE(checkpoint_.empty());
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
-  }
   static std::string dppredict(int np, const std::string& args) {
     return mpi(np, test::program("dppredict"), "-c " + checkpoint_ + " " + args);
   }
-  static test::TempDir* dir_;
-  static std::string data_, checkpoint_;
 };
-test::TempDir* Predict::dir_ = nullptr;
-std::string Predict::data_, Predict::checkpoint_;
 
 TEST_F(Predict, TiledEqualsUntiledAtTheTrainingSize) {
   app::Predictor predictor(checkpoint_, {});

@@ -16,6 +16,7 @@
 #include "dp/synth.hpp"
 #include "predict/measurements.hpp"
 #include "test_util.hpp"
+#include "trained_suite.hpp"
 
 namespace dp {
 namespace {
@@ -137,25 +138,10 @@ TEST(PredictMeasure, BadMeasureOptionsAreOneErrorLineAndNothingWritten) {
 }
 
 // With a model trained for one epoch by dptrain.
-class PredictMeasureModel : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    dir_ = new test::TempDir;
-    data_ = dir_->file("synth.h5");
-    test::write_tiny_dataset(data_, 32, 9, 64);
-    checkpoint_ =
-        test::train_one_epoch(test::mpiexec(), test::program("dptrain"), data_, dir_->file("run"));
-    ASSERT_FALSE(checkpoint_.empty());
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    dir_ = nullptr;
-  }
-  static test::TempDir* dir_;
-  static std::string data_, checkpoint_;
+class PredictMeasureModel : public test::TrainedSuite<PredictMeasureModel> {
+ public:
+  static constexpr int kValSamples = 9, kSide = 64;
 };
-test::TempDir* PredictMeasureModel::dir_ = nullptr;
-std::string PredictMeasureModel::data_, PredictMeasureModel::checkpoint_;
 
 // --measure measures the masks dppredict writes: the rows equal the library's on those files.
 TEST_F(PredictMeasureModel, MeasureGivesTheRowsOfTheWrittenMasks) {
