@@ -1,10 +1,10 @@
-// Options declared once: each entry gives the parser, --help with its default, the checks and the
-// "key = value" line of the printed configuration (which checkpoints store).
+// Options declared once: each entry gives the parser, --help with its default, the checks, the
+// "key = value" line of the printed configuration and the typed value checkpoints record; and
+// read_command_line, every program's one reading of its command line.
 #pragma once
 
 #include <boost/program_options.hpp>
 
-#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -12,9 +12,9 @@
 #include <string>
 #include <type_traits>
 #include <utility>
-#include <variant>
 #include <vector>
 
+#include "dp/checkpoint.hpp"  // OptionValue
 #include "dp/error.hpp"
 #include "exit_codes.hpp"  // UsageError
 #include "placeholders.hpp"
@@ -46,10 +46,6 @@ template <class T>
 Rule<T> positive() {
   return {[](const T& v) { return v > 0; }, "must be positive"};
 }
-
-// An option's value as checkpoints record it (dp::OptionValue, dp/checkpoint.hpp): an integer
-// (switches 0 or 1), a number or a word.
-using OptionValue = std::variant<int64_t, double, std::string>;
 
 // A value as --help's default and the printed configuration show it.
 template <class T>

@@ -87,6 +87,7 @@ const ParamView* first_nonfinite_view(const ParamStore& params, const float* are
   return nullptr;
 }
 
+// An integer's or a number's value; nothing for a word.
 std::optional<double> number(const OptionValue& v) {
   if (const auto* i = std::get_if<int64_t>(&v)) return double(*i);
   if (const auto* d = std::get_if<double>(&v)) return *d;
