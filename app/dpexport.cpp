@@ -31,12 +31,10 @@ constexpr const char* kUsage =
     "[batch, 1, height, width]; crack where sigmoid(logits) >= the `threshold` in the model's\n"
     "metadata (the checkpoint's validation ODS threshold; empty when it records none)";
 
-// dpexport's command line.
-struct ExportCommand {
+// dpexport's command line: what to export, where, and how (ExportOptions).
+struct ExportCommand : dp::app::ExportOptions {
   std::string checkpoint, out;
-  float input_scale = 255.0f;
-  bool prob = false, raw_weights = false, keep_normalization = false;
-  bool fold_bn = false, keep_bn = false;
+  bool fold_bn = false, keep_bn = false;  // fold_batchnorm, said either way
 };
 
 const dp::app::OptionTable<ExportCommand>& export_option_table() {
@@ -57,8 +55,7 @@ const dp::app::OptionTable<ExportCommand>& export_option_table() {
            "do not fold the normalisation: the model takes (pixel / 255 - mean) / std, as the "
            "network itself");
     t.flag(topic, "fold-bn", &C::fold_bn,
-           "fold batch norm into the convolution before it (the "
-           "default)");
+           "fold batch norm into the convolution before it (the default)");
     t.flag(topic, "keep-bn", &C::keep_bn, "keep BatchNormalization nodes");
     t.command_line(topic, "help,h", "show this help");
     return t;
@@ -80,12 +77,8 @@ int run(int argc, char** argv) {
   export_option_table().check(c);
   if (c.keep_normalization && !vm["input-scale"].defaulted())
     throw UsageError("--input-scale has no effect with --keep-normalization");
-  dp::app::ExportOptions o;
-  o.prob = c.prob;
-  o.raw_weights = c.raw_weights;
-  o.keep_normalization = c.keep_normalization;
-  o.fold_batchnorm = !c.keep_bn;
-  o.input_scale = c.input_scale;
+  c.fold_batchnorm = !c.keep_bn;
+  const dp::app::ExportOptions& o = c;
   const std::string& out = c.out;
 
   const dp::app::ExportSummary s = dp::app::export_onnx(c.checkpoint, out, o);
