@@ -329,16 +329,13 @@ int run_build(const std::vector<std::string>& args) {
   if (vm->count("val-images") && vm->count("group-by")) {
     throw UsageError("--group-by groups a drawn split; --val-images gives the split itself");
   }
-  const std::string& resize = opt.resize;
-  const std::string& tile = opt.tile;
-  const std::string& pad_to = opt.pad_to;
-  if (!resize.empty()) parse_resize(resize, opt.resize_width, opt.resize_height);
-  if (!tile.empty()) parse_hw(tile, "--tile", opt.tile_height, opt.tile_width);
-  if (!pad_to.empty()) parse_hw(pad_to, "--pad-to", opt.pad_height, opt.pad_width);
-  if (int(!resize.empty()) + int(!tile.empty()) + int(!pad_to.empty()) > 1) {
+  if (!opt.resize.empty()) parse_resize(opt.resize, opt.resize_width, opt.resize_height);
+  if (!opt.tile.empty()) parse_hw(opt.tile, "--tile", opt.tile_height, opt.tile_width);
+  if (!opt.pad_to.empty()) parse_hw(opt.pad_to, "--pad-to", opt.pad_height, opt.pad_width);
+  if (int(!opt.resize.empty()) + int(!opt.tile.empty()) + int(!opt.pad_to.empty()) > 1) {
     throw UsageError("give at most one of --resize, --tile and --pad-to");
   }
-  if (tile.empty() &&
+  if (opt.tile.empty() &&
       (vm->count("stride") || vm->count("min-crack-fraction") || vm->count("keep-below"))) {
     throw UsageError("--stride, --min-crack-fraction and --keep-below need --tile HxW");
   }

@@ -262,7 +262,7 @@ class OptionTable {
   std::map<std::string, OptionValue> values(const Options& o) const {
     std::map<std::string, OptionValue> typed;
     for (const Entry& e : entries_)
-      if (!e.key.empty()) typed.emplace(e.key, e.typed ? e.typed(o) : OptionValue(e.show(o)));
+      if (!e.key.empty()) typed.emplace(e.key, e.typed(o));
     return typed;
   }
 

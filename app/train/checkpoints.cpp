@@ -311,14 +311,17 @@ CheckpointMeta Checkpoints::restore_or_init() {
     }
     if (!resumed_from.empty() && state.best_metric != best_metric_name(opt_.best_metric))
       rechoose_best(state);
-    if (const std::string changes = loss_changes(recorded_options(state), opt_);
-        !resumed_from.empty() && !changes.empty())
-      log_.warn("checkpoint '", resumed_from, "' was trained with another loss (", changes,
-                "); training continues with this run's (give the checkpoint's options to keep it)");
-    if (const std::string lr = rate_change(recorded_options(state), opt_);
-        !resumed_from.empty() && !lr.empty())
-      log_.warn("checkpoint '", resumed_from, "' was trained at --lr ", lr,
-                "; training continues at this run's ", opt_.lr, " (give --lr ", lr, " to keep it)");
+    if (!resumed_from.empty()) {
+      const std::map<std::string, OptionValue> was = recorded_options(state);
+      if (const std::string changes = loss_changes(was, opt_); !changes.empty())
+        log_.warn("checkpoint '", resumed_from, "' was trained with another loss (", changes,
+                  "); training continues with this run's (give the checkpoint's options to keep "
+                  "it)");
+      if (const std::string lr = rate_change(was, opt_); !lr.empty())
+        log_.warn("checkpoint '", resumed_from, "' was trained at --lr ", lr,
+                  "; training continues at this run's ", opt_.lr, " (give --lr ", lr,
+                  " to keep it)");
+    }
   });
   // Every rank learns whether rank 0 restored the averages; else they start from the weights.
   int64_t restored_average = state.has_averaged_weights ? 1 : 0;
