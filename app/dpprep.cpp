@@ -436,6 +436,11 @@ int run_info(const std::vector<std::string>& args) {
               << (s.gzip_level > 0 ? std::to_string(s.gzip_level) : std::string("none")) << "\n"
               << "    masks  uint8 [" << s.count << "," << s.height << "," << s.width << "] chunks "
               << chunk_text(s.mask_chunk, {s.height, s.width}) << "\n";
+    if (s.native_height > 0) {
+      std::cout << "    native_masks uint8 [" << s.count << "," << s.native_height << ","
+                << s.native_width << "]: the masks at the photographs' size, which dptrain's "
+                << "validation scores against\n";
+    }
     if (s.sources > 0) {
       std::cout << "    source, origin: the file and position of each sample, from " << s.sources
                 << " source image(s)\n";

@@ -16,6 +16,7 @@
 #include "dp/adamw.hpp"
 #include "dp/dataset.hpp"
 #include "dp/fs.hpp"
+#include "dp/image_io.hpp"
 #include "dp/rng.hpp"
 #include "dp/sampler.hpp"
 #include "dp/synth.hpp"
@@ -240,6 +241,11 @@ void Trainer::set_up_model() {
     throw UsageError(str_cat("dataset '", data_path_, "': validation images are ",
                              val_loader_->height(), "x", val_loader_->width(),
                              " but training images are ", height_, "x", width_, " (HxW)"));
+  if (val_loader_) {
+    auto val = std::make_unique<data::Dataset>(data_path_, "val");
+    if (val->has_native_masks() && val->height() == height_ && val->width() == width_)
+      photo_masks_ = std::move(val);
+  }
   const float pos_weight = Loss::crack_weight(opt_.pos_weight, train_loader_->pos_weight());
   loss_ = std::make_unique<Loss>(opt_, pos_weight);
   log_.info("loss: ", Loss::describe(opt_),
@@ -286,6 +292,14 @@ void Trainer::log_set_up() const {
   log_.info("data: ", data_path_, ": ", train_loader_->dataset_size(), " train, ",
             val_loader_ ? val_loader_->dataset_size() : 0, " val images of ", height_, "x", width_,
             "; batch ", opt_.batch_size, " per rank, global ", opt_.batch_size * comm_.size());
+  if (photo_masks_)
+    log_.info(
+        "validation: the threshold sweep (ODS, OIS, AP, the scores at the ODS threshold) "
+        "and clDice at the photographs' ",
+        photo_masks_->native_height(), "x", photo_masks_->native_width(),
+        " (the probabilities resized as dppredict resizes them, against the dataset's "
+        "val/native_masks); the loss and the scores at --threshold at ",
+        height_, "x", width_);
   log_.info("loader: ", opt_.workers, " worker(s), prefetch ", opt_.prefetch, ", augment ",
             data::augment_name(opt_.augment), ", normalize ", data::normalize_name(opt_.normalize),
             opt_.cache
@@ -495,6 +509,20 @@ const float* Trainer::forward(const data::Batch& b, int64_t epoch, BatchTensors&
   return model_->forward(in.images, b.n);
 }
 
+void Trainer::score_at_photo_size(const float* logits, int64_t index, ThresholdSweep& sweep,
+                                  CenterlineDice& centerline) {
+  const int h = photo_masks_->native_height(), w = photo_masks_->native_width();
+  std::vector<float> probability(size_t(height_) * size_t(width_));
+  for (size_t p = 0; p < probability.size(); ++p)
+    probability[p] = 1.0f / (1.0f + std::exp(-logits[p]));
+  probability = data::resize_bilinear(probability, width_, height_, w, h);  // as dppredict's
+  std::vector<uint8_t> truth(size_t(h) * size_t(w)), mask(truth.size());
+  photo_masks_->read_native_mask(index, truth.data());
+  for (size_t p = 0; p < mask.size(); ++p) mask[p] = probability[p] > opt_.threshold ? 1 : 0;
+  sweep.add_probabilities(probability.data(), truth.data(), h, w);
+  centerline.add_masks(mask.data(), truth.data(), h, w);
+}
+
 void Trainer::check_sync() {
   guard_.check_sync(model_->params(), state_.step);
 }
@@ -522,6 +550,10 @@ EpochMetrics Trainer::validate() {
       swept = host_logits.data();
     }
     for (int i = 0; i < b->n; ++i) {
+      if (photo_masks_) {
+        score_at_photo_size(swept + i * image, b->indices[i], sweep, centerline);
+        continue;
+      }
       sweep.add_image(swept + i * image, b->masks + i * image, height_, width_);
       centerline.add_image(swept + i * image, b->masks + i * image, height_, width_,
                            logit_threshold);

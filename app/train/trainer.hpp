@@ -24,11 +24,13 @@
 
 namespace dp::app {
 
+class CenterlineDice;  // eval/centerline_dice.hpp
 class Checkpoints;     // train/checkpoints.hpp
 class EpochOutputs;    // train/epoch_outputs.hpp
 struct EpochRecord;    // train/epoch_outputs.hpp
 class FaultInjection;  // train/fault_injection.hpp
 class Loss;            // train/loss.hpp
+class ThresholdSweep;  // eval/sweep_metrics.hpp
 class ModelDirLock;    // train/model_dir_lock.hpp
 
 class Trainer {
@@ -47,6 +49,10 @@ class Trainer {
   // Pieces of run(), public for tests.
   EpochMetrics train_epoch(int64_t epoch);
   EpochMetrics validate();
+  // One validation image's logits (height_ x width_) as probabilities at its photograph's size,
+  // scored against photo_masks_'s mask of dataset sample `index`.
+  void score_at_photo_size(const float* logits, int64_t index, ThresholdSweep& sweep,
+                           CenterlineDice& centerline);
   // --check-sync-every: compares a hash of every parameter tensor with rank 0's; on a mismatch
   // every rank throws AgreedFailure naming the first tensor (declaration order) that differs.
   void check_sync();
@@ -112,6 +118,9 @@ class Trainer {
   PreemptionHandlers preemption_;
   std::unique_ptr<FaultInjection> faults_;  // the faults tests plant (--test-fault)
   std::unique_ptr<data::Loader> train_loader_, val_loader_;
+  // The validation masks at the photographs' size (dpprep build --resize), where the dataset has
+  // them and validation sees whole images: the sweep and clDice score against them.
+  std::unique_ptr<data::Dataset> photo_masks_;
   Buffer diff_logits_;
   std::vector<uint64_t> dropout_seeds_;  // one per sample of a batch, sized once
   std::unique_ptr<Loss> loss_;           // --loss

@@ -40,6 +40,10 @@ std::string masks_path(const std::string& split) {
   return split + "/masks";
 }
 
+std::string native_masks_path(const std::string& split) {
+  return split + "/native_masks";
+}
+
 std::string source_path(const std::string& split) {
   return split + "/source";
 }
@@ -181,6 +185,19 @@ Dataset::Dataset(const std::string& path, const std::string& split) : path_(path
   } else if (file_->has_attr(kResizedAttr) && file_->attr_int(kResizedAttr) != 0) {
     scale_ = kUnknownScale;
   }
+
+  if (file_->exists(native_masks_path(split))) {
+    native_masks_ =
+        std::make_unique<h5::Dataset>(h5::Dataset::open(*file_, native_masks_path(split)));
+    const std::vector<int64_t>& ns = native_masks_->shape();
+    DP_CHECK(native_masks_->type() == h5::Type::kUint8 && ns.size() == 3 && ns[0] == size_ &&
+                 ns[1] > 0 && ns[2] > 0 && ns[1] <= kMaxImageSide && ns[2] <= kMaxImageSide,
+             "dataset '", native_masks_->name(), "' has shape ", shape_str(ns),
+             ", expected uint8 [", size_, ",H,W] with sides up to ", kMaxImageSide);
+    native_masks_->check_stored();
+    native_height_ = static_cast<int>(ns[1]);
+    native_width_ = static_cast<int>(ns[2]);
+  }
 }
 
 Dataset::~Dataset() = default;
@@ -205,6 +222,15 @@ void Dataset::read_mask(int64_t index, uint8_t* mask) const {
            ") for split '", split_, "' of '", path_, "'");
   masks_->read_rows(index, 1, mask);
   check_mask(mask, static_cast<int64_t>(height_) * width_, masks_->name(), index);
+}
+
+void Dataset::read_native_mask(int64_t index, uint8_t* mask) const {
+  DP_CHECK(native_masks_, "'", path_, "' has no '/", native_masks_path(split_), "'");
+  DP_CHECK(index >= 0 && index < size_, "sample index ", index, " out of range [0, ", size_,
+           ") for split '", split_, "' of '", path_, "'");
+  native_masks_->read_rows(index, 1, mask);
+  check_mask(mask, static_cast<int64_t>(native_height_) * native_width_, native_masks_->name(),
+             index);
 }
 
 std::vector<SampleSource> Dataset::read_sources() const {
@@ -256,8 +282,9 @@ struct DatasetWriter::Impl {
   struct Split {
     std::string name;
     int64_t count = 0;
-    std::optional<h5::Dataset> images, masks;
+    std::optional<h5::Dataset> images, masks, native_masks;
     std::vector<uint8_t> written;       // per sample: 1 once written
+    std::vector<uint8_t> has_native;    // per sample: 1 once its native mask is written
     std::vector<int64_t> crack_pixels;  // per sample (train only: for pos_weight)
     std::vector<SampleSource> sources;  // per sample, if set_source was called
     std::vector<uint8_t> has_source;
@@ -268,6 +295,7 @@ struct DatasetWriter::Impl {
 
   std::string path, tmp_path;
   int height = 0, width = 0;
+  int gzip = 0;  // level of every dataset
   std::unique_ptr<h5::File> file;
   Split train, val;
   bool committed = false;
@@ -296,6 +324,7 @@ struct DatasetWriter::Impl {
     for (Split* s : {&train, &val}) {
       s->images.reset();
       s->masks.reset();
+      s->native_masks.reset();
     }
     file.reset();
   }
@@ -318,6 +347,7 @@ DatasetWriter::DatasetWriter(const std::string& path, int height, int width, int
   impl_->tmp_path = temp_path_for(path);
   impl_->height = height;
   impl_->width = width;
+  impl_->gzip = gzip_level;
   try {
     impl_->file = std::make_unique<h5::File>(impl_->tmp_path, h5::Mode::kTruncate);
     impl_->create_split(impl_->train, "train", train_count, gzip_level);
@@ -376,6 +406,30 @@ void DatasetWriter::set_source(const std::string& split, int64_t index,
   s.has_source[static_cast<size_t>(index)] = 1;
 }
 
+void DatasetWriter::write_native_mask(const std::string& split, int64_t index, const uint8_t* mask,
+                                      int height, int width) {
+  Impl& im = *impl_;
+  DP_CHECK(!im.committed && im.file, "dataset writer for '", im.path,
+           "': write_native_mask after commit");
+  Impl::Split& s = im.split(split);
+  DP_CHECK(index >= 0 && index < s.count, "dataset writer for '", im.path, "': sample index ",
+           index, " out of range [0, ", s.count, ") for split '", split, "'");
+  if (!s.native_masks) {
+    DP_CHECK(height > 0 && width > 0 && height <= kMaxImageSide && width <= kMaxImageSide,
+             "dataset writer for '", im.path, "': bad native mask size ", height, "x", width);
+    s.native_masks = h5::Dataset::create(*im.file, native_masks_path(split), h5::Type::kUint8,
+                                         {s.count, height, width}, {1, height, width}, im.gzip);
+    s.has_native.assign(static_cast<size_t>(s.count), 0);
+  }
+  const std::vector<int64_t>& shape = s.native_masks->shape();
+  DP_CHECK(shape[1] == height && shape[2] == width, "dataset writer for '", im.path,
+           "': native mask of sample ", index, " of split '", split, "' is ", height, "x", width,
+           ", the others ", shape[1], "x", shape[2], " (HxW)");
+  check_mask(mask, static_cast<int64_t>(height) * width, s.native_masks->name(), index);
+  s.native_masks->write_rows(index, 1, mask);
+  s.has_native[static_cast<size_t>(index)] = 1;
+}
+
 void DatasetWriter::set_attr(const std::string& name, const std::string& value) {
   DP_CHECK(!impl_->committed && impl_->file, "dataset writer for '", impl_->path,
            "': set_attr after commit");
@@ -408,6 +462,8 @@ void DatasetWriter::commit() {
     for (size_t i = 0; i < s->written.size(); ++i) {
       DP_CHECK(s->written[i], "dataset writer for '", im.path, "': sample ", i, " of split '",
                s->name, "' was never written");
+      DP_CHECK(s->has_native.empty() || s->has_native[i], "dataset writer for '", im.path,
+               "': sample ", i, " of split '", s->name, "' has no native mask (others have)");
     }
   }
   int64_t crack = 0;

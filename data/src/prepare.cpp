@@ -29,7 +29,8 @@ namespace {
 constexpr int kChannels = 3;
 constexpr size_t kMaxListed = 5;     // offenders named in an error message
 constexpr int kMaxRank = 8;          // of a dataset, for chunk queries
-constexpr int64_t kPrepVersion = 3;  // 2: per-sample source and origin; tiles, padding; 3: scale
+constexpr int64_t kPrepVersion = 4;  // 2: per-sample source and origin; tiles, padding; 3: scale;
+                                     // 4: validation masks at the photographs' size
 // Bad input files listed by a failed build, one a line.
 constexpr size_t kMaxProblemsListed = 20;
 // Split streams: positives (masks with a crack pixel) and negatives are shuffled separately.
@@ -483,7 +484,7 @@ class Builder {
       int64_t index = 0;  // of the next sample in the split
       for (size_t i = 0; i < items.size(); ++i) {
         const Pair& p = *items[i];
-        Image image, mask;
+        Image image, mask, native_mask;
         const bool good = record(problems_, [&] {
           image = read_image(p.image, PixelFormat::kRgb);
           mask = read_image(p.mask, PixelFormat::kGray);
@@ -495,11 +496,18 @@ class Builder {
           } else if (!tiling() && (image.width != w || image.height != h)) {
             DP_CHECK(resizing(), "image '", p.image, "' changed size while dpprep was running");
             image = resize_bilinear(image, w, h);
+            if (is_val && report_.scale.known()) native_mask = mask;
             mask = resize_nearest(mask, w, h);
           }
         });
         if (good && problems_.empty()) {
           binarise(mask.pixels, opt_.mask_threshold);
+          // Validation scores against the photograph's own mask, as dppredict does.
+          if (!native_mask.pixels.empty()) {
+            binarise(native_mask.pixels, opt_.mask_threshold);
+            writer.write_native_mask(split, index, native_mask.pixels.data(), native_mask.height,
+                                     native_mask.width);
+          }
           const std::string name = fs::path(p.image).filename().string();
           for (const auto& [y, x] : p.samples) {
             const Image tile_image = tiling() ? crop(image, y, x, h, w) : Image{};
@@ -676,6 +684,12 @@ DatasetInfo inspect_dataset(const std::string& path, const ProgressFn& progress)
       if (progress) progress("checking masks", ++done, total);
     }
     s.pixels = pixels * d.size();
+    if (d.has_native_masks()) {  // read to check their values too
+      s.native_height = d.native_height();
+      s.native_width = d.native_width();
+      std::vector<uint8_t> native(static_cast<size_t>(s.native_height) * s.native_width);
+      for (int64_t i = 0; i < d.size(); ++i) d.read_native_mask(i, native.data());
+    }
     std::vector<std::string> names;
     for (SampleSource& src : d.read_sources()) names.push_back(std::move(src.name));
     std::sort(names.begin(), names.end());

@@ -112,6 +112,14 @@ TEST_F(DataCli, JpegPngFoldersThroughBuildInfoAndTrainingOnTwoRanks) {
                            "val: 4 samples of 64x64", "[1,64,64,3] (one per sample)", "pos_weight",
                            "mean (RGB)", "mask_threshold = 127"})
     EXPECT_TRUE(contains(r.output, part)) << part << " in\n" << r.output;
+  EXPECT_FALSE(contains(r.output, "native_masks")) << r.output;
+  // Resized, the validation split keeps its masks at the photographs' size too.
+  r = dpprep("build --images " + dir_.file("images") + " --masks " + dir_.file("masks") +
+             " --out " + dir_.file("resized.h5") + " --val-fraction 0.25 --seed 2 --resize 32x32");
+  ASSERT_EQ(r.status, 0) << r.output;
+  r = dpprep("info " + dir_.file("resized.h5"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count(r.output, "native_masks uint8 [4,64,64]"), 1) << r.output;
 
   r = dptrain(2, dir_.file("out.h5"),
               "--workers 2 --cache --augment full --normalize dataset --log-every 1");

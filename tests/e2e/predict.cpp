@@ -18,12 +18,14 @@
 #include "dp/dataset.hpp"
 #include "dp/image_io.hpp"
 #include "dp/loader.hpp"
+#include "dp/prepare.hpp"
 #include "dp/synth.hpp"
 #include "exit_codes.hpp"
 #include "normalization.hpp"
 #include "predict/predictor.hpp"
 #include "predict/run.hpp"
 #include "predict/tiling.hpp"
+#include "prep_util.hpp"
 #include "test_util.hpp"
 #include "train/trainer.hpp"
 #include "trained_suite.hpp"
@@ -566,6 +568,61 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   EXPECT_EQ(cleaned.fp, fp);
   EXPECT_EQ(cleaned.fn, fn);
   EXPECT_EQ(cleaned.sweep.ap, m.sweep.ap);
+}
+
+// Photographs resized by dpprep build --resize: dptrain's validation scores the threshold sweep
+// and clDice at the photographs' own size (the dataset's val/native_masks), so the threshold it
+// records is the one dppredict finds scoring the same photographs against their masks.
+TEST_F(Predict, ValidationOfResizedPhotographsScoresAtTheirSize) {
+  constexpr int kPhoto = 2 * kSize;  // photographs of 128x128, stored at the fixture's 64x64
+  test::PairFolderOptions po;
+  po.count = 4;
+  po.width = po.height = kPhoto;
+  test::write_pairs(dir_->file("photos/train"), po);
+  po.prefix = "val";
+  po.seed = 11;
+  test::write_pairs(dir_->file("photos/val"), po);
+  data::BuildOptions b;
+  b.images = dir_->file("photos/train/images");
+  b.masks = dir_->file("photos/train/masks");
+  b.val_images = dir_->file("photos/val/images");
+  b.val_masks = dir_->file("photos/val/masks");
+  b.resize_width = b.resize_height = kSize;
+  b.out = dir_->file("photos.h5");
+  data::build_dataset(b);
+
+  app::TrainOptions to;
+  to.data = b.out;
+  to.width_divisor = 16;
+  to.batch_size = 2;
+  to.epochs = 1;
+  to.optimizer = app::OptimizerKind::kSgd;  // the checkpoint's (test::train_one_epoch)
+  to.resume = checkpoint_;
+  to.model_dir = dir_->file("validate_photos");
+  SelfComm self;
+  app::Trainer trainer(to, self, Logger(1));
+  const app::EpochMetrics validation = trainer.validate();
+  ASSERT_EQ(validation.samples, 4);
+
+  app::PredictOptions o;
+  o.checkpoint = checkpoint_;
+  o.inputs = {b.val_images};
+  o.masks = b.val_masks;
+  o.out = dir_->file("validate_photos_out");
+  o.scale_y = o.scale_x = 0.5;  // the fixture's checkpoint was trained at scale 1
+  o.threshold_rule = app::PredictOptions::ThresholdRule::kValue;
+  o.quiet = true;
+  o.min_crack_px = 1;  // the trainer scores raw masks
+  app::SegmentationMetrics m;
+  ASSERT_EQ(app::run_predict(o, self, Logger(1), &m), 0);
+  EXPECT_EQ(m.pixels, 4 * kPhoto * kPhoto);
+  EXPECT_GT(validation.ap, 0.0);
+  constexpr double kSweepTol = 1e-4;  // float sigmoids on both sides, as above
+  EXPECT_NEAR(m.sweep.ods, validation.ods, kSweepTol);
+  EXPECT_NEAR(m.sweep.ods_threshold, validation.ods_threshold, 1e-9);
+  EXPECT_NEAR(m.sweep.ois, validation.ois, kSweepTol);
+  EXPECT_NEAR(m.sweep.ap, validation.ap, kSweepTol);
+  EXPECT_NEAR(m.cldice, validation.cldice, kSweepTol);
 }
 
 // --precision bf16: the probabilities of the fp32 model with bf16 activations differ from fp32's

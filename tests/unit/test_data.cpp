@@ -485,6 +485,62 @@ TEST(Dataset, CommitWithMissingSampleFailsAndLeavesNothing) {
   EXPECT_TRUE(dir.entries().empty());
 }
 
+// /val/native_masks: each validation sample's mask at its photograph's size, read back as written;
+// a writer refuses another size or a split where only some samples have one, and a reader a
+// file whose native masks do not match the split.
+TEST(Dataset, NativeMasksRoundTripAndAreChecked) {
+  TempDir dir;
+  const std::string path = dir.file("native.h5");
+  const std::vector<uint8_t> image(4 * 4 * 3, 7), mask(4 * 4, 0);
+  std::vector<uint8_t> native0(6 * 8, 0), native1(6 * 8, 0);
+  native0[5] = native1[47] = 1;
+  {
+    dp::data::DatasetWriter writer(path, 4, 4, 1, 2);
+    writer.write("train", 0, image.data(), mask.data());
+    for (int i = 0; i < 2; ++i) writer.write("val", i, image.data(), mask.data());
+    writer.write_native_mask("val", 0, native0.data(), 6, 8);
+    std::string msg = error_of([&] { writer.commit(); });
+    EXPECT_TRUE(contains(msg, "sample 1") && contains(msg, "no native mask")) << msg;
+    msg = error_of([&] { writer.write_native_mask("val", 1, native1.data(), 8, 6); });
+    EXPECT_TRUE(contains(msg, "8x6") && contains(msg, "6x8")) << msg;
+    std::vector<uint8_t> bad = native1;
+    bad[0] = 255;
+    EXPECT_THROW(writer.write_native_mask("val", 1, bad.data(), 6, 8), dp::Error);
+    writer.write_native_mask("val", 1, native1.data(), 6, 8);
+    writer.commit();
+  }
+  dp::data::Dataset val(path, "val");
+  ASSERT_TRUE(val.has_native_masks());
+  EXPECT_EQ(val.native_height(), 6);
+  EXPECT_EQ(val.native_width(), 8);
+  std::vector<uint8_t> read(6 * 8);
+  val.read_native_mask(1, read.data());
+  EXPECT_EQ(read, native1);
+  val.read_native_mask(0, read.data());
+  EXPECT_EQ(read, native0);
+  EXPECT_THROW(val.read_native_mask(2, read.data()), dp::Error);
+  dp::data::Dataset train(path, "train");
+  EXPECT_FALSE(train.has_native_masks());
+  EXPECT_THROW(train.read_native_mask(0, read.data()), dp::Error);
+
+  // Native masks of another sample count than the split's images.
+  const std::string wrong = dir.file("wrong.h5");
+  {
+    dp::h5::File f(wrong, dp::h5::Mode::kTruncate);
+    f.set_attr("format", std::string("dp-crack-v1"));
+    f.set_attr("pos_weight", 2.0);
+    dp::h5::Dataset::create(f, "train/images", dp::h5::Type::kUint8, {2, 4, 4, 3})
+        .write(std::vector<uint8_t>(2 * 4 * 4 * 3, 0).data());
+    dp::h5::Dataset::create(f, "train/masks", dp::h5::Type::kUint8, {2, 4, 4})
+        .write(std::vector<uint8_t>(2 * 4 * 4, 0).data());
+    dp::h5::Dataset::create(f, "train/native_masks", dp::h5::Type::kUint8, {3, 6, 8});
+  }
+  const std::string msg = error_of([&] { dp::data::Dataset d(wrong, "train"); });
+  EXPECT_TRUE(contains(msg, "/train/native_masks") && contains(msg, "[3,6,8]") &&
+              contains(msg, "expected uint8 [2,H,W]"))
+      << msg;
+}
+
 TEST(Dataset, ReaderRejectsInvalidFiles) {
   TempDir dir;
   const std::string bad_format = dir.file("format.h5");

@@ -534,9 +534,10 @@ TEST(Build, SizesMustAgreeUnlessResized) {
   big_mask = data::resize_nearest(big_mask, 48, 32);
   for (uint8_t& v : big_mask.pixels) v = v > 127 ? 1 : 0;
   EXPECT_EQ(mask, big_mask.pixels);
-  // Photographs of two sizes have no one scale: none recorded.
+  // Photographs of two sizes have no one scale: none recorded, nor masks at their sizes.
   EXPECT_FALSE(r.scale.known());
   EXPECT_FALSE(d.scale().known());
+  EXPECT_FALSE(d.has_native_masks());
 }
 
 // The samples' pixels per photograph pixel, recorded for dptrain's checkpoints and dppredict: the
@@ -559,6 +560,48 @@ TEST(Build, RecordsTheScaleOfItsSamples) {
   const data::BuildReport resized = data::build_dataset(b);
   EXPECT_EQ(resized.scale, (data::PixelScale{0.75, 0.5}));
   EXPECT_EQ(data::Dataset(b.out, "train").scale(), (data::PixelScale{0.75, 0.5}));
+}
+
+// Resized from photographs of one size, the validation split also keeps each mask at its
+// photograph's size (binarised as the resized ones), for dptrain to score as dppredict does; the
+// training split, and a split kept at its size, do not.
+TEST(Build, ResizedValidationKeepsThePhotographsMasks) {
+  test::TempDir dir;
+  test::PairFolderOptions o;
+  o.count = 3;
+  o.width = 96;
+  o.height = 80;
+  test::write_pairs(dir.path(), o);
+  o.prefix = "val";
+  o.count = 2;
+  o.jpeg_masks = true;  // grey levels around the threshold
+  test::write_pairs(dir.file("v"), o);
+  BuildOptions b = build_options(dir);
+  b.val_images = dir.file("v/images");
+  b.val_masks = dir.file("v/masks");
+  b.resize_width = 48;
+  b.resize_height = 60;
+  data::build_dataset(b);
+  const data::Dataset val(b.out, "val");
+  ASSERT_TRUE(val.has_native_masks());
+  EXPECT_EQ(val.native_height(), 80);
+  EXPECT_EQ(val.native_width(), 96);
+  const std::vector<data::SampleSource> sources = val.read_sources();
+  ASSERT_EQ(sources.size(), 2u);
+  std::vector<uint8_t> native(80 * 96);
+  for (int64_t i = 0; i < 2; ++i) {
+    const std::string stem = fs::path(sources[size_t(i)].name).stem().string();
+    Image want = data::read_image(dir.file("v/masks/" + stem + ".jpg"), PixelFormat::kGray);
+    for (uint8_t& v : want.pixels) v = v > 127 ? 1 : 0;
+    val.read_native_mask(i, native.data());
+    EXPECT_EQ(native, want.pixels) << stem;
+  }
+  EXPECT_FALSE(data::Dataset(b.out, "train").has_native_masks());
+
+  b.resize_width = b.resize_height = 0;
+  b.out = dir.file("kept.h5");
+  data::build_dataset(b);
+  EXPECT_FALSE(data::Dataset(b.out, "val").has_native_masks());
 }
 
 TEST(Build, EmptySplitsAndEmptyFoldersAreErrors) {

@@ -46,6 +46,9 @@ using ChannelStats = std::array<float, 3>;
 // Optional per split (dpprep writes them; readers of older files find none): /<split>/source,
 //   variable-length UTF-8 strings [N] (the source file name of each sample), and
 //   /<split>/origin int32 [N,2] (y, x of the sample's top-left pixel in that source).
+// Optional, val only (dpprep build --resize from photographs of one size): /val/native_masks
+//   uint8 [N,H0,W0] with values {0,1}, each sample's mask at its photograph's own size, which
+//   dptrain's validation scores against (the way dppredict scores photographs).
 // The constructor validates the layout and throws dp::Error naming the file, the object and what
 // was expected. Not thread-safe by itself: all HDF5 access is serialised by dp::h5::mutex().
 class Dataset {
@@ -75,17 +78,24 @@ class Dataset {
   void read_mask(int64_t index, uint8_t* mask) const;
   // The source of every sample (size() entries), or none if the file has no /<split>/source.
   std::vector<SampleSource> read_sources() const;
+  // /<split>/native_masks: whether the file has them, their size, and sample `index`'s
+  // (native_height() * native_width() values, checked to be 0/1).
+  bool has_native_masks() const { return native_masks_ != nullptr; }
+  int native_height() const { return native_height_; }
+  int native_width() const { return native_width_; }
+  void read_native_mask(int64_t index, uint8_t* mask) const;
 
  private:
   std::string path_, split_;
   int64_t size_ = 0;
   int height_ = 0, width_ = 0;
+  int native_height_ = 0, native_width_ = 0;
   float pos_weight_ = 1.0f;
   bool has_stats_ = false;
   ChannelStats mean_{}, std_{};
   PixelScale scale_;
   std::unique_ptr<h5::File> file_;
-  std::unique_ptr<h5::Dataset> images_, masks_;
+  std::unique_ptr<h5::Dataset> images_, masks_, native_masks_;
 };
 
 // Writes a dataset v1 file to `<path>.tmp.<pid>` and renames it to `path` on commit(): an
@@ -102,6 +112,11 @@ class DatasetWriter {
   // Records where sample `index` of `split` came from; if any sample of a split has a source,
   // commit() requires one for every sample of it and writes /<split>/source and /<split>/origin.
   void set_source(const std::string& split, int64_t index, const SampleSource& source);
+  // Sample `index`'s mask (0/1) at its photograph's size, height x width, the same for every
+  // sample; if any sample of a split has one, commit() requires one for every sample of it and
+  // the file has /<split>/native_masks.
+  void write_native_mask(const std::string& split, int64_t index, const uint8_t* mask, int height,
+                         int width);
   // Extra root attributes (e.g. the generator's parameters).
   void set_attr(const std::string& name, const std::string& value);
   void set_attr(const std::string& name, int64_t value);

@@ -77,6 +77,7 @@ struct SplitInfo {
   int64_t crack_pixels = 0, pixels = 0;          // over every mask of the split
   int64_t with_cracks = 0;                       // samples with at least one crack pixel
   int64_t sources = 0;  // distinct source files (/<split>/source); 0 if the file records none
+  int native_height = 0, native_width = 0;  // /<split>/native_masks; 0 if the file has none
 };
 
 struct DatasetInfo {
