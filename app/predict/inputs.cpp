@@ -113,6 +113,11 @@ InputSource::InputSource(const PredictOptions& options) : options_(options) {
 
 InputSource::~InputSource() = default;
 
+bool InputSource::use_photo_size() {
+  photo_size_ = dataset_ && dataset_->has_native_masks();
+  return photo_size_;
+}
+
 std::string InputSource::scored_set() const {
   return dataset_ ? str_cat(options_.dataset, " /", options_.split) : options_.masks;
 }
@@ -128,6 +133,12 @@ InputImage InputSource::read(size_t id) const {
     image.pixels.resize(size_t(image.width) * size_t(image.height) * 3);
     r.truth.resize(size_t(image.width) * size_t(image.height));
     dataset_->read(in.index, image.pixels.data(), r.truth.data());
+    if (photo_size_) {
+      const int h = dataset_->native_height(), w = dataset_->native_width();
+      r.photo = data::resize_bilinear(image, w, h);
+      r.truth.resize(size_t(h) * size_t(w));
+      dataset_->read_native_mask(in.index, r.truth.data());
+    }
     return r;
   }
   // Gray, palette and 16-bit files are converted to 8-bit RGB; transparency is refused.

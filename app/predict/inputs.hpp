@@ -32,6 +32,7 @@ struct Input {
 struct InputImage {
   data::Image image;
   std::vector<uint8_t> truth;
+  data::Image photo;  // where set, `image` at its photograph's size, which `truth` is of
 };
 
 // A mask file as dpprep build reads masks: gray, pixels above 127 crack (1), the others 0.
@@ -53,6 +54,10 @@ class InputSource {
   // a dataset that cannot be read is the run's.
   InputImage read(size_t id) const;
   bool file_inputs() const { return dataset_ == nullptr; }
+  // A dataset that keeps its masks at the photographs' size (/<split>/native_masks, dpprep build
+  // --resize): from now on read() gives each sample's `photo` (bilinear) and truth at that size,
+  // as dptrain's validation scores them. False, and nothing changes, where it keeps none.
+  bool use_photo_size();
   // --per-image: "source,origin_y_px,origin_x_px" of input `id` (CSV fields): the dataset's
   // record of the sample's source (empty where it has none), or the image file at 0, 0.
   std::string source_fields(size_t id) const;
@@ -62,6 +67,7 @@ class InputSource {
   std::unique_ptr<data::Dataset> dataset_;
   std::vector<data::SampleSource> sources_;  // --per-image of a dataset
   std::vector<Input> inputs_;
+  bool photo_size_ = false;
 };
 
 }  // namespace dp::app

@@ -284,13 +284,18 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
   const Threshold threshold = choose_threshold(o, predictor->meta());
   log.info(start_line(o, *predictor, inputs.size(), comm.size(), device_name(device), threads,
                       resampling, threshold));
+  // A dataset of resized photographs that keeps their masks: scored at their size, as validation.
+  if (resampling.none() && source->use_photo_size())
+    log.info("dppredict: samples scored at their photographs' ", source->dataset()->native_height(),
+             "x", source->dataset()->native_width(), " (HxW; the dataset's /", o.split,
+             "/native_masks), their probabilities resized as dptrain's validation resizes them");
 
   // Per input: read, resized to the network's scale (the photograph kept for the end), into the
   // tiled runner, whose batches finish images through the per-image stages.
   ImageStages stages(o, float(threshold.value), inputs, sinks);
   Share share(comm, inputs, o.quiet);
   struct InFlight {
-    data::Image native;  // empty where not resized
+    data::Image native;  // the photograph; empty where predicted at its own size
     std::vector<uint8_t> truth;
   };
   std::unordered_map<size_t, InFlight> in_flight;
@@ -308,6 +313,7 @@ int run_predict(const PredictOptions& o, Comm& comm, const Logger& log,
       [&](size_t id, InputImage&& read) {
         InFlight& f = in_flight[id];
         f.truth = std::move(read.truth);
+        f.native = std::move(read.photo);
         data::Image image = std::move(read.image);
         if (!resampling.none()) {
           const int width = std::max(1, int(std::lround(image.width * resampling.x)));

@@ -623,6 +623,17 @@ TEST_F(Predict, ValidationOfResizedPhotographsScoresAtTheirSize) {
   EXPECT_NEAR(m.sweep.ois, validation.ois, kSweepTol);
   EXPECT_NEAR(m.sweep.ap, validation.ap, kSweepTol);
   EXPECT_NEAR(m.cldice, validation.cldice, kSweepTol);
+  // dppredict --dataset scores the same samples at the same size (and masks them there).
+  o.inputs.clear();
+  o.masks.clear();
+  o.dataset = b.out;
+  o.scale_y = o.scale_x = 1;  // the samples as stored (auto: the fixture's 1 over the set's 0.5)
+  app::SegmentationMetrics d;
+  ASSERT_EQ(app::run_predict(o, self, Logger(1), &d), 0);
+  EXPECT_EQ(d.pixels, 4 * kPhoto * kPhoto);
+  EXPECT_NEAR(d.sweep.ods, validation.ods, kSweepTol);
+  EXPECT_NEAR(d.sweep.ods_threshold, validation.ods_threshold, 1e-9);
+  EXPECT_NEAR(d.cldice, validation.cldice, kSweepTol);
 }
 
 // --precision bf16: the probabilities of the fp32 model with bf16 activations differ from fp32's
