@@ -310,6 +310,23 @@ class Predict : public test::TrainedSuite<Predict> {
   static std::string dppredict(int np, const std::string& args) {
     return mpi(np, test::program("dppredict"), "-c " + checkpoint_ + " " + args);
   }
+  // dptrain's validation (Trainer::validate) of the fixture's checkpoint on `data`, in process,
+  // masks at `threshold`.
+  static app::EpochMetrics validate(const std::string& data, double threshold,
+                                    const std::string& model_dir) {
+    app::TrainOptions to;
+    to.data = data;
+    to.width_divisor = 16;
+    to.batch_size = 2;
+    to.epochs = 1;
+    to.optimizer = app::OptimizerKind::kSgd;  // the checkpoint's (test::train_one_epoch)
+    to.resume = checkpoint_;
+    to.threshold = threshold;
+    to.model_dir = dir_->file(model_dir);
+    SelfComm self;
+    app::Trainer trainer(to, self, Logger(1));
+    return trainer.validate();
+  }
 };
 
 TEST_F(Predict, TiledEqualsUntiledAtTheTrainingSize) {
@@ -498,19 +515,9 @@ TEST_F(Predict, DatasetIouEqualsTheTrainersValidationIou) {
   ASSERT_LT(k + 1, probs.size()) << "no gap in the probabilities above the 90th percentile";
   const double threshold = 0.5 * (double(probs[k]) + double(probs[k + 1]));
 
-  app::TrainOptions to;
-  to.data = data_;
-  to.width_divisor = 16;
-  to.batch_size = 2;
-  to.epochs = 1;
-  to.optimizer = app::OptimizerKind::kSgd;  // the checkpoint's (test::train_one_epoch)
-  to.resume = checkpoint_;
-  to.threshold = threshold;
-  to.model_dir = dir_->file("validate");
-  SelfComm self;
-  app::Trainer trainer(to, self, Logger(1));
-  const app::EpochMetrics validation = trainer.validate();
+  const app::EpochMetrics validation = validate(data_, threshold, "validate");
   ASSERT_EQ(validation.samples, 8);
+  SelfComm self;
 
   app::PredictOptions o;
   o.checkpoint = checkpoint_;
@@ -591,18 +598,9 @@ TEST_F(Predict, ValidationOfResizedPhotographsScoresAtTheirSize) {
   b.out = dir_->file("photos.h5");
   data::build_dataset(b);
 
-  app::TrainOptions to;
-  to.data = b.out;
-  to.width_divisor = 16;
-  to.batch_size = 2;
-  to.epochs = 1;
-  to.optimizer = app::OptimizerKind::kSgd;  // the checkpoint's (test::train_one_epoch)
-  to.resume = checkpoint_;
-  to.model_dir = dir_->file("validate_photos");
-  SelfComm self;
-  app::Trainer trainer(to, self, Logger(1));
-  const app::EpochMetrics validation = trainer.validate();
+  const app::EpochMetrics validation = validate(b.out, 0.5, "validate_photos");
   ASSERT_EQ(validation.samples, 4);
+  SelfComm self;
 
   app::PredictOptions o;
   o.checkpoint = checkpoint_;
