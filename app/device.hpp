@@ -69,7 +69,7 @@ struct GpuInfo {
 
 struct BackendRequest {
   Precision precision = Precision::kFloat32;
-  CpuConvAlgo cpu_conv = CpuConvAlgo::kDirect;  // the CPU's fp32 convolution kernels
+  CpuConvAlgo cpu_conv = CpuConvAlgo::kDirect;  // the CPU's 3x3 convolution kernels
   bool tf32 = true;                             // the GPU's fp32 convolutions may use TF32
   bool deterministic = false;                   // the GPU's deterministic cuDNN algorithms only
   Logger log;                                   // the GPU backend's notes

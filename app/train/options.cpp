@@ -234,13 +234,14 @@ OptionTable<TrainOptions> make_train_option_table() {
            "oneDNN 2.x's AMX kernel for them writes outside its output: oneDNN 3.x keeps AMX, "
            "INSTALL.md)");
   t.choice(devices, "cpu-conv", &O::cpu_conv, cpu_conv_words(),
-           "CPU fp32 3x3 stride-1 convolutions: auto (per pass, whichever is faster when timed at "
+           "CPU 3x3 stride-1 convolutions: auto (per pass, whichever is faster when timed at "
            "first use: direct on NHWC, Winograd where oneDNN has it, else direct on oneDNN's "
            "blocked layout, or the backend's own GEMMs: nine shifted ones, or Winograd F(2x2, "
            "3x3) on 16), direct, shape (no timing: Winograd for the forward passes whose channels "
            "pay for it, direct elsewhere; dppredict's default), winograd (oneDNN 2.x has it on "
            "AVX-512 only; elsewhere an error), blocked, gemm or gemm-winograd; --deterministic "
-           "implies direct");
+           "implies direct. bf16: auto times direct against Winograd F(2x2, 3x3) on bf16 GEMMs, "
+           "gemm-winograd forces the latter, the others are direct");
   t.negated_flag(devices, "no-tf32", &O::tf32,
                  "GPU: fp32 convolutions without TF32 tensor cores (slower, closer to the CPU)");
   t.value(devices, "threads", &O::threads,

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -316,7 +315,8 @@ std::vector<PassAlgo> ConvPrims::candidates(int pass) const {
   std::vector<PassAlgo> c{PassAlgo::kDirect};
   if (blocked && blocked->pad_bytes[pass] <= kWinogradMaxScratchpad)
     c.push_back(PassAlgo::kBlocked);
-  if (gemm) c.insert(c.end(), {PassAlgo::kGemm, PassAlgo::kGemmWinograd});
+  if (gemm && !gemm->bf16_activations) c.push_back(PassAlgo::kGemm);
+  if (gemm) c.push_back(PassAlgo::kGemmWinograd);
   return c;
 }
 
@@ -331,9 +331,10 @@ size_t ConvPrims::blocked_bytes() const {
 
 size_t ConvPrims::copies_bytes() const {
   if (!gemm) return blocked_bytes();
-  const bool plain = std::any_of(std::begin(algo), std::end(algo), [](PassAlgo a) {
-    return a == PassAlgo::kGemm || a == PassAlgo::kTimeOnFirstUse;
-  });
+  const bool plain =
+      !gemm->bf16_activations && std::any_of(std::begin(algo), std::end(algo), [](PassAlgo a) {
+        return a == PassAlgo::kGemm || a == PassAlgo::kTimeOnFirstUse;
+      });
   return std::max(blocked_bytes(), gemm_offset + gemm->copies_bytes(plain));
 }
 
@@ -366,10 +367,13 @@ void ConvPrims::bind_blocked_copies(const Scratch& scratch) {
 
 void ConvPrims::forward_pass(dnnl::stream& s, const void* x, const float* w, const float* b,
                              void* y, const Scratch& scratch, PassAlgo a) {
-  if (a == PassAlgo::kGemm || a == PassAlgo::kGemmWinograd) {
-    std::invoke(a == PassAlgo::kGemm ? &GemmConv::forward : &GemmConv::forward_winograd, *gemm,
-                static_cast<const float*>(x), w, b, static_cast<float*>(y), scratch.weights,
-                gemm_copies(scratch));
+  if (a == PassAlgo::kGemm) {
+    gemm->forward(static_cast<const float*>(x), w, b, static_cast<float*>(y), scratch.weights,
+                  gemm_copies(scratch));
+    return;
+  }
+  if (a == PassAlgo::kGemmWinograd) {
+    gemm->forward_winograd(x, w, b, y, scratch.weights, gemm_copies(scratch));
     return;
   }
   if (a == PassAlgo::kPacked) {
@@ -406,11 +410,13 @@ void ConvPrims::forward(dnnl::stream& s, const void* x, const float* w, const fl
 // made by backward().
 void ConvPrims::weights_pass(dnnl::stream& s, const void* x, const void* dy, float* dw, float* db,
                              const Scratch& scratch, PassAlgo a) {
-  if (a == PassAlgo::kGemm || a == PassAlgo::kGemmWinograd) {
-    std::invoke(
-        a == PassAlgo::kGemm ? &GemmConv::backward_weights : &GemmConv::backward_weights_winograd,
-        *gemm, static_cast<const float*>(x), static_cast<const float*>(dy), dw, db, scratch.weights,
-        gemm_copies(scratch));
+  if (a == PassAlgo::kGemm) {
+    gemm->backward_weights(static_cast<const float*>(x), static_cast<const float*>(dy), dw, db,
+                           scratch.weights, gemm_copies(scratch));
+    return;
+  }
+  if (a == PassAlgo::kGemmWinograd) {
+    gemm->backward_weights_winograd(x, dy, dw, db, scratch.weights, gemm_copies(scratch));
     return;
   }
   if (a == PassAlgo::kBlocked) {
@@ -430,10 +436,13 @@ void ConvPrims::weights_pass(dnnl::stream& s, const void* x, const void* dy, flo
 // out of it).
 void ConvPrims::data_pass(dnnl::stream& s, const float* w, const void* dy, void* dx,
                           const Scratch& scratch, PassAlgo a) {
-  if (a == PassAlgo::kGemm || a == PassAlgo::kGemmWinograd) {
-    std::invoke(a == PassAlgo::kGemm ? &GemmConv::backward_data : &GemmConv::backward_data_winograd,
-                *gemm, static_cast<const float*>(dy), w, static_cast<float*>(dx), scratch.weights,
-                gemm_copies(scratch));
+  if (a == PassAlgo::kGemm) {
+    gemm->backward_data(static_cast<const float*>(dy), w, static_cast<float*>(dx), scratch.weights,
+                        gemm_copies(scratch));
+    return;
+  }
+  if (a == PassAlgo::kGemmWinograd) {
+    gemm->backward_data_winograd(dy, w, dx, scratch.weights, gemm_copies(scratch));
     return;
   }
   if (a == PassAlgo::kBlocked) {
@@ -499,12 +508,21 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
                                                      d.padding(), bf16, d.forward_only);
   });
   const double flops = 2.0 * double(d.dst().numel()) * d.cin * d.kernel * d.kernel;
-  if (bf16 || algo == CpuConvAlgo::kDirect || d.kernel != 3 || d.stride != 1 ||
+  if (algo == CpuConvAlgo::kDirect || d.kernel != 3 || d.stride != 1 ||
       (algo == CpuConvAlgo::kAuto && flops < kTimedPassMinFlops))
     return p;
+  if (bf16) {  // oneDNN's direct kernels, or under kAuto and kGemmWinograd bf16 Winograd on GEMMs
+    if ((algo != CpuConvAlgo::kAuto && algo != CpuConvAlgo::kGemmWinograd) ||
+        !GemmConv::fits(d, true))
+      return p;
+    p->gemm = std::make_unique<GemmConv>(d, true);
+    for (PassAlgo& a : p->algo)
+      a = algo == CpuConvAlgo::kAuto ? PassAlgo::kTimeOnFirstUse : PassAlgo::kGemmWinograd;
+    return p;
+  }
   if (algo == CpuConvAlgo::kGemm || algo == CpuConvAlgo::kGemmWinograd) {
     if (!GemmConv::fits(d)) return p;
-    p->gemm = std::make_unique<GemmConv>(d);
+    p->gemm = std::make_unique<GemmConv>(d, false);
     for (PassAlgo& a : p->algo)
       a = algo == CpuConvAlgo::kGemm ? PassAlgo::kGemm : PassAlgo::kGemmWinograd;
     return p;
@@ -539,7 +557,7 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
     }
     p->blocked.reset();
     if (GemmConv::fits(d)) {
-      p->gemm = std::make_unique<GemmConv>(d);
+      p->gemm = std::make_unique<GemmConv>(d, false);
       p->algo[BlockedPrims::kFwd] = PassAlgo::kGemmWinograd;
     }
     return p;
@@ -550,7 +568,7 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
     return p;  // direct NHWC only where oneDNN has no such variant
   }
   if (!build_variant(CpuConvAlgo::kWinograd)) build_variant(CpuConvAlgo::kBlocked);
-  if (GemmConv::fits(d)) p->gemm = std::make_unique<GemmConv>(d);
+  if (GemmConv::fits(d)) p->gemm = std::make_unique<GemmConv>(d, false);
   bool blocked_used = false;
   for (int k = 0; k < 3; ++k) {
     const std::vector<PassAlgo> c = p->candidates(k);

@@ -1,15 +1,19 @@
-// 3x3 stride-1 fp32 convolution passes on oneDNN's sgemm: nine shifted GEMMs each on zero-bordered
-// copies of the images, Winograd F(2x2, 3x3) for forward and backward-data, F(4x4, 3x3) for an
-// inference model's forward pass; see conv_gemm.hpp.
+// 3x3 stride-1 convolution passes on GEMMs: nine shifted sgemms each on zero-bordered copies of
+// the images, Winograd F(2x2, 3x3) for every pass (on sgemm, or on gemm_bf16 with bf16
+// activations), F(4x4, 3x3) for an inference model's forward pass; see conv_gemm.hpp.
 #include "conv_gemm.hpp"
 
 #include <dnnl.h>
+#include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
+#include "dp/bf16.hpp"
 #include "dp/error.hpp"
+#include "gemm_bf16.hpp"
 
 namespace dp::cpu {
 namespace {
@@ -20,6 +24,9 @@ constexpr int kTaps = 9;
 // 32 MiB for 1024 channels), and GEMMs of kTileChunk rows.
 constexpr int64_t kTileChunk = 256;
 constexpr int kWinoPoints = 16;  // a 4x4 transformed tile
+// ... and for backward-weights on bf16 GEMMs (half the bytes a tile): 16 x kWeightChunk x (cin +
+// cout rounded up to 32) bf16 values, at most the fp32 chunks' bytes plus 512 KiB.
+constexpr int64_t kWeightChunk = 512;
 // F(4x4, 3x3), an inference model's forward pass: 6x6 transformed tiles, each giving 4x4 output
 // pixels; chunks of as many transformed rows as F(2x2, 3x3)'s (36 x 112 against 16 x 256).
 constexpr int kWino4Points = 36;
@@ -40,7 +47,7 @@ size_t aligned(size_t bytes) {
 
 }  // namespace
 
-GemmConv::GemmConv(const ConvDesc& d)
+GemmConv::GemmConv(const ConvDesc& d, bool bf16)
     : n(d.n),
       h(d.h),
       w(d.w),
@@ -48,10 +55,12 @@ GemmConv::GemmConv(const ConvDesc& d)
       cout(d.cout),
       relu(d.relu),
       has_bias(d.bias),
-      forward_tile(d.forward_only ? 4 : 2) {}
+      forward_tile(d.forward_only && !bf16 ? 4 : 2),
+      bf16_activations(bf16) {}
 
-bool GemmConv::fits(const ConvDesc& d) {
-  return d.kernel == 3 && d.stride == 1 && d.padding() == 1;
+bool GemmConv::fits(const ConvDesc& d, bool bf16) {
+  return d.kernel == 3 && d.stride == 1 && d.padding() == 1 &&
+         (!bf16 || (d.cin % 2 == 0 && d.cout % 2 == 0));
 }
 
 int64_t GemmConv::padded_rows() const {
@@ -63,14 +72,23 @@ int64_t GemmConv::wide_rows() const {
 
 size_t GemmConv::copies_bytes(bool plain) const {
   const size_t rows = forward_tile == 4 ? kWino4Points * kTileChunk4 : kWinoPoints * kTileChunk;
-  const size_t wino = (rows * (cin + cout) + std::max(cin, cout)) * sizeof(float);
+  size_t wino = (rows * (cin + cout) + std::max(cin, cout)) * sizeof(float);
+  if (bf16_activations)  // backward-weights' chunks (forward's and backward-data's are smaller)
+    wino = std::max(
+        wino, size_t(kWinoPoints * (kWeightChunk * cin + bf16_packed_size(kWeightChunk, cout)) +
+                     std::max(cin, cout)) *
+                  sizeof(bf16));
   if (!plain) return wino;
   const size_t shifted = aligned(size_t(padded_rows()) * cin * sizeof(float)) +
                          size_t(wide_rows()) * cout * sizeof(float);
   return std::max(shifted, wino);
 }
 size_t GemmConv::weight_scratch_bytes() const {
-  return size_t(forward_tile == 4 ? kWino4Points : kWinoPoints) * cin * cout * sizeof(float);
+  const size_t fp32 =
+      size_t(forward_tile == 4 ? kWino4Points : kWinoPoints) * cin * cout * sizeof(float);
+  if (!bf16_activations) return fp32;
+  const int64_t packed = std::max(bf16_packed_size(cin, cout), bf16_packed_size(cout, cin));
+  return std::max(fp32, size_t(kWinoPoints) * size_t(packed) * sizeof(bf16));
 }
 
 float* GemmConv::padded(void* copies) const {
@@ -210,6 +228,138 @@ DP_AVX2_CLONES void output_transform(const float* m, int64_t stride, int64_t k, 
   int64_t k0 = 0;
   for (; k0 + kLanes <= k; k0 += kLanes) output_lanes<kLanes>(m, stride, k0, bias, relu, o);
   for (; k0 < k; ++k0) output_lanes<1>(m, stride, k0, bias, relu, o);
+}
+
+// The same transforms on bf16 activations, 16 channels a vector with AVX-512 (bf16 training runs
+// only where AVX512-BF16 is): bf16 widened exactly, results rounded to nearest even by
+// VCVTNEPS2BF16, the channels past the last multiple of 16 masked. Input tiles to bf16 (the
+// forward and data-gradient GEMMs) or fp32 (the weight gradient's), gradient tiles to fp32,
+// output tiles to bf16.
+#define DP_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
+DP_BF16_TARGET inline __mmask16 lanes_mask(int64_t left) {
+  return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+}
+DP_BF16_TARGET inline __m512 load16(const bf16* p, __mmask16 m) {
+  // (The maskz forms: GCC 12 warns of the plain forms' undefined pass-through operand.)
+  const __m512i wide = _mm512_maskz_cvtepu16_epi32(0xffff, _mm256_maskz_loadu_epi16(m, p));
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(0xffff, wide, 16));
+}
+DP_BF16_TARGET inline __m512 load16(const float* p, __mmask16 m) {
+  return _mm512_maskz_loadu_ps(m, p);
+}
+DP_BF16_TARGET inline void store16(bf16* p, __mmask16 m, __m512 v) {
+  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
+}
+DP_BF16_TARGET inline void store16(float* p, __mmask16 m, __m512 v) {
+  _mm512_mask_storeu_ps(p, m, v);
+}
+
+// B^T d B and A dY A^T of 16 channels from k0 (masked by m) into the 16 points' vectors.
+DP_BF16_TARGET inline void input_points(const bf16* const (&d)[4][4], int64_t k0, __mmask16 m,
+                                        __m512 (&v)[16]) {
+  __m512 q[4][4];
+  for (int c = 0; c < 4; ++c) {
+    const __m512 e0 = load16(d[0][c] + k0, m), e1 = load16(d[1][c] + k0, m),
+                 e2 = load16(d[2][c] + k0, m), e3 = load16(d[3][c] + k0, m);
+    q[0][c] = e0 - e2;
+    q[1][c] = e1 + e2;
+    q[2][c] = e2 - e1;
+    q[3][c] = e1 - e3;
+  }
+  for (int r = 0; r < 4; ++r) {
+    v[4 * r] = q[r][0] - q[r][2];
+    v[4 * r + 1] = q[r][1] + q[r][2];
+    v[4 * r + 2] = q[r][2] - q[r][1];
+    v[4 * r + 3] = q[r][1] - q[r][3];
+  }
+}
+DP_BF16_TARGET inline void gradient_points(const bf16* const (&g)[2][2], int64_t k0, __mmask16 m,
+                                           __m512 (&z)[16]) {
+  __m512 q[4][2];
+  for (int c = 0; c < 2; ++c) {
+    const __m512 e0 = load16(g[0][c] + k0, m), e1 = load16(g[1][c] + k0, m);
+    q[0][c] = e0;
+    q[1][c] = e0 + e1;
+    q[2][c] = e0 - e1;
+    q[3][c] = -e1;
+  }
+  for (int r = 0; r < 4; ++r) {
+    z[4 * r] = q[r][0];
+    z[4 * r + 1] = q[r][0] + q[r][1];
+    z[4 * r + 2] = q[r][0] - q[r][1];
+    z[4 * r + 3] = -q[r][1];
+  }
+}
+
+template <typename V>
+DP_BF16_TARGET void input_transform(const bf16* const (&d)[4][4], int64_t k, V* v, int64_t stride) {
+  for (int64_t k0 = 0; k0 < k; k0 += 16) {
+    const __mmask16 m = lanes_mask(k - k0);
+    __m512 points[16];
+    input_points(d, k0, m, points);
+    for (int p = 0; p < 16; ++p) store16(v + p * stride + k0, m, points[p]);
+  }
+}
+
+// Two tiles' 16 channels rounded to bf16 and interleaved (a0 b0 a1 b1 ...): the pairs along the
+// tiles that gemm_bf16 multiplies in the weight gradient's sum over tiles.
+DP_BF16_TARGET inline void store_pairs(bf16* p, int64_t left, __m512 a, __m512 b) {
+  alignas(64) static constexpr uint16_t kInterleave[32] = {
+      0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
+      8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(b, a);  // a's 16 values, then b's
+  const __m512i pairs = _mm512_permutexvar_epi16(_mm512_load_si512(kInterleave), both);
+  const __mmask32 m = left >= 16 ? __mmask32(0xffffffffu) : __mmask32((1u << (2 * left)) - 1);
+  _mm512_mask_storeu_epi16(p, m, pairs);
+}
+
+// The transforms of tiles t and t+1 (d0/g0 and d1/g1) for backward-weights on bf16 GEMMs, stored
+// as pairs: the input tiles at v + p * v_point + 2 c (c < k_in), the gradient tiles at
+// z + p * z_point + panel_offset(o) (o < k_out), panel_offset giving gemm_bf16's packing.
+template <typename PanelOffset>
+DP_BF16_TARGET void pair_transforms(const bf16* const (&d0)[4][4], const bf16* const (&d1)[4][4],
+                                    int64_t k_in, bf16* v, int64_t v_point,
+                                    const bf16* const (&g0)[2][2], const bf16* const (&g1)[2][2],
+                                    int64_t k_out, bf16* z, int64_t z_point,
+                                    const PanelOffset& panel_offset) {
+  __m512 a[16], b[16];
+  for (int64_t k0 = 0; k0 < k_in; k0 += 16) {
+    const __mmask16 m = lanes_mask(k_in - k0);
+    input_points(d0, k0, m, a);
+    input_points(d1, k0, m, b);
+    for (int p = 0; p < 16; ++p) store_pairs(v + p * v_point + 2 * k0, k_in - k0, a[p], b[p]);
+  }
+  for (int64_t k0 = 0; k0 < k_out; k0 += 16) {
+    const __mmask16 m = lanes_mask(k_out - k0);
+    gradient_points(g0, k0, m, a);
+    gradient_points(g1, k0, m, b);
+    for (int p = 0; p < 16; ++p)
+      store_pairs(z + p * z_point + panel_offset(k0), k_out - k0, a[p], b[p]);
+  }
+}
+
+DP_BF16_TARGET void output_transform(const float* mm, int64_t stride, int64_t k, const float* bias,
+                                     bool relu, bf16* const (&o)[2][2]) {
+  for (int64_t k0 = 0; k0 < k; k0 += 16) {
+    const __mmask16 m = lanes_mask(k - k0);
+    __m512 q[2][4];
+    for (int c = 0; c < 4; ++c) {
+      const float* col = mm + c * stride + k0;
+      const __m512 m0 = load16(col, m), m1 = load16(col + 4 * stride, m),
+                   m2 = load16(col + 8 * stride, m), m3 = load16(col + 12 * stride, m);
+      q[0][c] = m0 + m1 + m2;
+      q[1][c] = m1 - m2 - m3;
+    }
+    const __m512 b = bias != nullptr ? load16(bias + k0, m) : _mm512_setzero_ps();
+    for (int r = 0; r < 2; ++r) {
+      __m512 res[2] = {q[r][0] + q[r][1] + q[r][2] + b, q[r][1] - q[r][2] - q[r][3] + b};
+      for (int c = 0; c < 2; ++c) {
+        if (relu) res[c] = _mm512_maskz_max_ps(0xffff, res[c], _mm512_setzero_ps());
+        if (o[r][c] != nullptr) store16(o[r][c] + k0, m, res[c]);
+      }
+    }
+  }
 }
 
 // F(4x4, 3x3) on the points 0, 1, -1, 2, -2 and infinity (Lavin and Gray's matrices):
@@ -370,7 +520,8 @@ void GemmConv::backward_weights(const float* x, const float* dy, float* dw_oihw,
 
 // Each thread sums its own channels over every pixel, in pixel order (any thread count gives the
 // same bits).
-void GemmConv::bias_gradient(const float* dy, float* db) const {
+template <typename T>
+void GemmConv::bias_gradient(const T* dy, float* db) const {
   if (!has_bias) return;
   const int64_t pixels = int64_t(n) * h * w;
 #pragma omp parallel for schedule(static)
@@ -378,7 +529,7 @@ void GemmConv::bias_gradient(const float* dy, float* db) const {
     const int64_t o1 = std::min<int64_t>(o0 + kChannelBlock, cout);
     std::fill(db + o0, db + o1, 0.0f);
     for (int64_t p = 0; p < pixels; ++p)
-      for (int64_t o = o0; o < o1; ++o) db[o] += dy[p * cout + o];
+      for (int64_t o = o0; o < o1; ++o) db[o] += to_float(dy[p * cout + o]);
   }
 }
 
@@ -408,8 +559,13 @@ void GemmConv::backward_data(const float* dy, const float* w_oihw, float* dx, vo
   }
 }
 
-void GemmConv::winograd_filters(const float* w_oihw, bool rotated, float* u) const {
-  const int64_t k_in = rotated ? cout : cin, k_out = rotated ? cin : cout;
+namespace {
+
+// G g G^T of each of the cin x cout filters (OIHW), rotated by 180 degrees where asked, handed to
+// store(point, input channel, output channel, value).
+template <typename Store>
+void transform_filters(int64_t cin, int64_t cout, const float* w_oihw, bool rotated,
+                       const Store& store) {
 #pragma omp parallel for schedule(static)
   for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock) {
     const int64_t lanes = std::min<int64_t>(kChannelBlock, cout - o0);
@@ -441,35 +597,52 @@ void GemmConv::winograd_filters(const float* w_oihw, bool rotated, float* u) con
         }
       }
       for (int p = 0; p < kWinoPoints; ++p)
-        for (int64_t l = 0; l < lanes; ++l) {
-          const int64_t o = o0 + l, row = rotated ? o : c, col = rotated ? c : o;
-          u[(p * k_in + row) * k_out + col] = v[p][l];
-        }
+        for (int64_t l = 0; l < lanes; ++l) store(p, c, o0 + l, v[p][l]);
     }
   }
 }
 
+}  // namespace
+
+void GemmConv::winograd_filters(const float* w_oihw, bool rotated, void* u) const {
+  const int64_t k_in = rotated ? cout : cin, k_out = rotated ? cin : cout;
+  if (!bf16_activations) {
+    float* uf = static_cast<float*>(u);
+    transform_filters(cin, cout, w_oihw, rotated, [&](int p, int64_t c, int64_t o, float v) {
+      const int64_t row = rotated ? o : c, col = rotated ? c : o;
+      uf[(p * k_in + row) * k_out + col] = v;
+    });
+    return;
+  }
+  bf16* ub = static_cast<bf16*>(u);
+  const int64_t packed = bf16_packed_size(k_in, k_out);
+  if (k_out % kBf16Panel != 0)  // the last panel's columns past k_out multiply as zeros
+    std::memset(ub, 0, size_t(kWinoPoints * packed) * sizeof(bf16));
+  transform_filters(cin, cout, w_oihw, rotated, [&](int p, int64_t c, int64_t o, float v) {
+    const int64_t row = rotated ? o : c, col = rotated ? c : o;
+    ub[p * packed + bf16_packed_index(row, col, k_in)] = to_bf16(v);
+  });
+}
+
 // The tile's pixels (a zero row for those outside the image) through the free transforms.
-void GemmConv::input_tile(const float* image, int64_t k, int64_t ty, int64_t tx, const float* zeros,
-                          float* v, int64_t stride) const {
-  const float* d[4][4];
+template <typename T>
+void GemmConv::input_pixels(const T* image, int64_t k, int64_t ty, int64_t tx, const T* zeros,
+                            const T* (&d)[4][4]) const {
   for (int r = 0; r < 4; ++r)
     for (int c = 0; c < 4; ++c) {
       const int64_t y = 2 * ty - 1 + r, x = 2 * tx - 1 + c;
       d[r][c] = y >= 0 && y < h && x >= 0 && x < w ? image + (y * w + x) * k : zeros;
     }
-  input_transform(d, k, v, stride);
 }
 
-void GemmConv::gradient_tile(const float* grad, int64_t k, int64_t ty, int64_t tx,
-                             const float* zeros, float* z, int64_t stride) const {
-  const float* g[2][2];
+template <typename T>
+void GemmConv::gradient_pixels(const T* grad, int64_t k, int64_t ty, int64_t tx, const T* zeros,
+                               const T* (&g)[2][2]) const {
   for (int r = 0; r < 2; ++r)
     for (int c = 0; c < 2; ++c) {
       const int64_t y = 2 * ty + r, x = 2 * tx + c;
       g[r][c] = y < h && x < w ? grad + (y * w + x) * k : zeros;
     }
-  gradient_transform(g, k, z, stride);
 }
 
 namespace {
@@ -494,26 +667,30 @@ void for_each_chunk_share(int64_t n, int64_t tiles, int64_t chunk, const F& shar
   }
 }
 
-// Winograd F(MxM, 3x3) on GEMMs, M = 2 or 4, on n images of h x w x k_in (`in`) with the
-// transformed filters `u` ([points][k_in][k_out]) into `out` (k_out channels), bias and ReLU
-// optional: each (M+2)x(M+2) input tile at stride M transformed (pixels outside the image read a
-// zero row), one GEMM per point over a chunk of tiles, each MxM output tile transformed back.
-template <int M>
-void winograd_tiles(int64_t n, int64_t h, int64_t w, const float* in, int64_t k_in, int64_t k_out,
-                    const float* u, const float* b, bool relu, float* out, void* copies) {
+// Winograd F(MxM, 3x3) on GEMMs, M = 2 or 4, on n images of h x w x k_in (`in`, activations of
+// type T) with the transformed filters `u` into `out` (k_out channels), bias and ReLU optional:
+// each (M+2)x(M+2) input tile at stride M transformed (pixels outside the image read a zero row),
+// one GEMM per point over a chunk of tiles, each MxM output tile transformed back. fp32: `u` is
+// [points][k_in][k_out] floats, the GEMMs sgemm; bf16 (M = 2): the tiles are rounded to bf16, `u`
+// is the points' matrices in gemm_bf16's packing, and the GEMMs gemm_bf16.
+template <int M, typename T>
+void winograd_tiles(int64_t n, int64_t h, int64_t w, const T* in, int64_t k_in, int64_t k_out,
+                    const T* u, const float* b, bool relu, T* out, void* copies) {
   constexpr int kSide = M + 2, kPoints = kSide * kSide;
   constexpr int64_t kChunk = M == 2 ? kTileChunk : kTileChunk4;
+  static_assert(M == 2 || std::is_same_v<T, float>);
   const int64_t tiles_w = (w + M - 1) / M, tiles = (h + M - 1) / M * tiles_w;
-  float* vt = static_cast<float*>(copies);       // [points][chunk][k_in]
-  float* mt = vt + kPoints * kChunk * k_in;      // [points][chunk][k_out]
-  float* zeros = mt + kPoints * kChunk * k_out;  // k_in zeros: pixels outside the image
-  std::fill_n(zeros, k_in, 0.0f);
+  const int64_t packed = bf16_packed_size(k_in, k_out);
+  T* vt = static_cast<T*>(copies);                                     // [points][chunk][k_in]
+  float* mt = reinterpret_cast<float*>(vt + kPoints * kChunk * k_in);  // [points][chunk][k_out]
+  T* zeros = reinterpret_cast<T*>(mt + kPoints * kChunk * k_out);      // pixels outside the image
+  std::memset(static_cast<void*>(zeros), 0, size_t(k_in) * sizeof(T));
   for_each_chunk_share(n, tiles, kChunk, [&](int64_t i, int64_t t0, int64_t begin, int64_t end) {
-    const float* image = in + i * h * w * k_in;
-    float* result = out + i * h * w * k_out;
+    const T* image = in + i * h * w * k_in;
+    T* result = out + i * h * w * k_out;
     for (int64_t t = begin; t < end; ++t) {
       const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
-      const float* d[kSide][kSide];
+      const T* d[kSide][kSide];
       for (int r = 0; r < kSide; ++r)
         for (int c = 0; c < kSide; ++c) {
           const int64_t y = M * ty - 1 + r, x = M * tx - 1 + c;
@@ -524,12 +701,18 @@ void winograd_tiles(int64_t n, int64_t h, int64_t w, const float* in, int64_t k_
       else
         input6_transform(d, k_in, vt + t * k_in, kChunk * k_in);
     }
-    for (int p = 0; p < kPoints && begin < end; ++p)
-      sgemm('N', 'N', end - begin, k_out, k_in, vt + (p * kChunk + begin) * k_in, k_in,
-            u + p * k_in * k_out, k_out, 0.0f, mt + (p * kChunk + begin) * k_out, k_out);
+    for (int p = 0; p < kPoints && begin < end; ++p) {
+      const T* a = vt + (p * kChunk + begin) * k_in;
+      float* c = mt + (p * kChunk + begin) * k_out;
+      if constexpr (std::is_same_v<T, float>)
+        sgemm('N', 'N', end - begin, k_out, k_in, a, k_in, u + p * k_in * k_out, k_out, 0.0f, c,
+              k_out);
+      else
+        gemm_bf16(end - begin, k_out, k_in, a, k_in, 2, u + p * packed, c, k_out, false);
+    }
     for (int64_t t = begin; t < end; ++t) {
       const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
-      float* o[M][M];
+      T* o[M][M];
       for (int r = 0; r < M; ++r)
         for (int c = 0; c < M; ++c) {
           const int64_t y = M * ty + r, x = M * tx + c;
@@ -544,11 +727,6 @@ void winograd_tiles(int64_t n, int64_t h, int64_t w, const float* in, int64_t k_
 }
 
 }  // namespace
-
-void GemmConv::winograd(const float* in, int k_in, int k_out, const float* u, const float* b,
-                        bool relu_out, float* out, void* copies) const {
-  winograd_tiles<2>(n, h, w, in, k_in, k_out, u, b, relu_out, out, copies);
-}
 
 // G g G^T of every filter into [36][cin][cout], G = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6;
 // 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1], 16 output channels at a time (whole cache lines of u,
@@ -583,32 +761,58 @@ void GemmConv::winograd4_filters(const float* w_oihw, float* u) const {
   }
 }
 
-void GemmConv::forward_winograd(const float* x, const float* w_oihw, const float* b, float* y,
+void GemmConv::forward_winograd(const void* x, const float* w_oihw, const float* b, void* y,
                                 void* weights, void* copies) const {
+  const float* bias = has_bias ? b : nullptr;
+  if (bf16_activations) {
+    winograd_filters(w_oihw, false, weights);
+    winograd_tiles<2>(n, h, w, static_cast<const bf16*>(x), cin, cout,
+                      static_cast<const bf16*>(weights), bias, relu, static_cast<bf16*>(y), copies);
+    return;
+  }
   float* u = static_cast<float*>(weights);
   if (forward_tile == 4) {
     winograd4_filters(w_oihw, u);
-    winograd_tiles<4>(n, h, w, x, cin, cout, u, has_bias ? b : nullptr, relu, y, copies);
+    winograd_tiles<4>(n, h, w, static_cast<const float*>(x), cin, cout, u, bias, relu,
+                      static_cast<float*>(y), copies);
     return;
   }
   winograd_filters(w_oihw, false, u);
-  winograd(x, cin, cout, u, has_bias ? b : nullptr, relu, y, copies);
+  winograd_tiles<2>(n, h, w, static_cast<const float*>(x), cin, cout, u, bias, relu,
+                    static_cast<float*>(y), copies);
 }
 
-void GemmConv::backward_data_winograd(const float* dy, const float* w_oihw, float* dx,
-                                      void* weights, void* copies) const {
-  float* u = static_cast<float*>(weights);
-  winograd_filters(w_oihw, true, u);
-  winograd(dy, cout, cin, u, nullptr, false, dx, copies);
+void GemmConv::backward_data_winograd(const void* dy, const float* w_oihw, void* dx, void* weights,
+                                      void* copies) const {
+  winograd_filters(w_oihw, true, weights);
+  if (bf16_activations)
+    winograd_tiles<2>(n, h, w, static_cast<const bf16*>(dy), cout, cin,
+                      static_cast<const bf16*>(weights), nullptr, false, static_cast<bf16*>(dx),
+                      copies);
+  else
+    winograd_tiles<2>(n, h, w, static_cast<const float*>(dy), cout, cin,
+                      static_cast<const float*>(weights), nullptr, false, static_cast<float*>(dx),
+                      copies);
 }
 
 // dL/dU = V (.) (A dY A^T) per tile, so the weight gradient is G^T M G with M[p] = sum over tiles
 // of V[p]^T Z[p]: 16 GEMMs (cin x tiles times tiles x cout) accumulated over chunks of tiles taken
 // across the images, the points shared among the threads (each point's sum runs in chunk order,
 // so a run with the same thread count repeats its bits).
-void GemmConv::backward_weights_winograd(const float* x, const float* dy, float* dw_oihw, float* db,
+void GemmConv::backward_weights_winograd(const void* x, const void* dy, float* dw_oihw, float* db,
                                          void* weights, void* copies) const {
-  float* acc = static_cast<float*>(weights);        // M: [16][cin][cout]
+  float* acc = static_cast<float*>(weights);  // M: [16][cin][cout]
+  if (bf16_activations) {
+    weight_points_bf16(static_cast<const bf16*>(x), static_cast<const bf16*>(dy), acc, copies);
+    bias_gradient(static_cast<const bf16*>(dy), db);
+  } else {
+    weight_points(static_cast<const float*>(x), static_cast<const float*>(dy), acc, copies);
+    bias_gradient(static_cast<const float*>(dy), db);
+  }
+  points_to_weights(acc, dw_oihw);
+}
+
+void GemmConv::weight_points(const float* x, const float* dy, float* acc, void* copies) const {
   float* vt = static_cast<float*>(copies);          // [16][chunk][cin]
   float* zt = vt + kWinoPoints * kTileChunk * cin;  // [16][chunk][cout]
   float* zeros = zt + kWinoPoints * kTileChunk * cout;
@@ -623,8 +827,11 @@ void GemmConv::backward_weights_winograd(const float* x, const float* dy, float*
     for (int64_t t = 0; t < count; ++t) {
       const int64_t i = (t0 + t) / image_tiles, ty = (t0 + t) % image_tiles / tiles_w,
                     tx = (t0 + t) % tiles_w;
-      input_tile(x + i * image_in, cin, ty, tx, zeros, vt + t * cin, kTileChunk * cin);
-      gradient_tile(dy + i * image_out, cout, ty, tx, zeros, zt + t * cout, kTileChunk * cout);
+      const float *d[4][4], *g[2][2];
+      input_pixels(x + i * image_in, cin, ty, tx, zeros, d);
+      gradient_pixels(dy + i * image_out, cout, ty, tx, zeros, g);
+      input_transform(d, cin, vt + t * cin, kTileChunk * cin);
+      gradient_transform(g, cout, zt + t * cout, kTileChunk * cout);
     }
     // Inside the parallel region each sgemm runs on its calling thread.
 #pragma omp for schedule(static)
@@ -632,6 +839,49 @@ void GemmConv::backward_weights_winograd(const float* x, const float* dy, float*
       sgemm('T', 'N', cin, cout, count, vt + p * kTileChunk * cin, cin, zt + p * kTileChunk * cout,
             cout, t0 == 0 ? 0.0f : 1.0f, acc + int64_t(p) * cin * cout, cout);
   }
+}
+
+// The same sums on gemm_bf16: per chunk of tiles, V[p]^T as [pairs of tiles][cin][2] (A, its pairs
+// along the tiles) and the gradient tiles Z[p] in gemm_bf16's packing (B), both rounded to bf16 and
+// filled a pair of tiles at a time (a zero tile after an odd count), then M[p] (+)= A B in fp32.
+void GemmConv::weight_points_bf16(const bf16* x, const bf16* dy, float* acc, void* copies) const {
+  const int64_t z_point = bf16_packed_size(kWeightChunk, cout);
+  bf16* vt = static_cast<bf16*>(copies);             // [16][chunk / 2][cin][2]
+  bf16* zt = vt + kWinoPoints * kWeightChunk * cin;  // [16][z_point]
+  bf16* zeros = zt + kWinoPoints * z_point;
+  std::fill_n(zeros, std::max(cin, cout), bf16{0});
+  const int64_t tiles_w = (w + 1) / 2, image_tiles = (h + 1) / 2 * tiles_w;
+  const int64_t tiles = n * image_tiles, image_in = int64_t(h) * w * cin,
+                image_out = int64_t(h) * w * cout;
+#pragma omp parallel
+  for (int64_t t0 = 0; t0 < tiles; t0 += kWeightChunk) {
+    const int64_t count = std::min(kWeightChunk, tiles - t0), pairs = (count + 1) / 2;
+    const auto panel_offset = [&](int64_t o) {
+      return (o / kBf16Panel) * pairs * 2 * kBf16Panel + (o % kBf16Panel) * 2;
+    };
+#pragma omp for schedule(static)
+    for (int64_t q = 0; q < pairs; ++q) {
+      const bf16 *d[2][4][4], *g[2][2][2];
+      for (int j = 0; j < 2; ++j) {
+        const int64_t t = t0 + 2 * q + j;
+        const bool real = 2 * q + j < count;
+        // A tile past the count reads zeros everywhere (a tile position below the image).
+        const int64_t i = real ? t / image_tiles : 0;
+        const int64_t ty = real ? t % image_tiles / tiles_w : h, tx = real ? t % tiles_w : w;
+        input_pixels(x + i * image_in, cin, ty, tx, zeros, d[j]);
+        gradient_pixels(dy + i * image_out, cout, ty, tx, zeros, g[j]);
+      }
+      pair_transforms(d[0], d[1], cin, vt + q * 2 * cin, kWeightChunk * cin, g[0], g[1], cout,
+                      zt + q * 2 * kBf16Panel, z_point, panel_offset);
+    }
+#pragma omp for schedule(static)
+    for (int p = 0; p < kWinoPoints; ++p)
+      gemm_bf16(cin, cout, 2 * pairs, vt + p * kWeightChunk * cin, 2, 2 * cin, zt + p * z_point,
+                acc + int64_t(p) * cin * cout, cout, t0 > 0);
+  }
+}
+
+void GemmConv::points_to_weights(const float* acc, float* dw_oihw) const {
   // G^T M G per (cin, cout) pair into OIHW, 16 output channels at a time;
   // G^T = [1 .5 .5 0; 0 .5 -.5 0; 0 .5 .5 1].
 #pragma omp parallel for schedule(static)
@@ -660,7 +910,6 @@ void GemmConv::backward_weights_winograd(const float* x, const float* dy, float*
         for (int k = 0; k < kTaps; ++k) dw_oihw[((o0 + l) * cin + c) * kTaps + k] = r[k][l];
     }
   }
-  bias_gradient(dy, db);
 }
 
 }  // namespace dp::cpu

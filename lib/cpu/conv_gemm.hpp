@@ -2,13 +2,15 @@
 // a zero-bordered copy of each image (no im2col buffer), and Winograd F(2x2, 3x3) for forward and
 // backward-data (16 GEMMs on transformed tiles, 2.25x fewer multiplications), F(4x4, 3x3) for an
 // inference model's forward pass (36 GEMMs, 4x fewer): the CPU backend's own kernels, next to
-// oneDNN's direct and blocked/Winograd convolutions.
+// oneDNN's direct and blocked/Winograd convolutions. With bf16 activations the Winograd passes
+// read and write bf16 and multiply on bf16 GEMMs (gemm_bf16.hpp).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include "dp/backend.hpp"
+#include "dp/bf16.hpp"
 
 namespace dp::cpu {
 
@@ -25,10 +27,17 @@ struct GemmConv {
   // (inference) convolution, whose only pass is forward. F(4x4, 3x3)'s transforms multiply by up
   // to 8 and 1/6: it rounds 2-10x more than F(2x2, 3x3), a few 1e-6 relative to direct.
   int forward_tile = 2;
+  // bf16 activations (--precision bf16): the Winograd passes only, F(2x2, 3x3) for every pass.
+  // The transforms run in fp32; the transformed tiles and filters are rounded to bf16 and their
+  // products summed in fp32 on gemm_bf16 (VDPBF16PS: twice sgemm's multiply-adds a cycle); the
+  // output transform's result is rounded once to bf16. Backward-weights rounds both tiles'
+  // transforms and writes an fp32 weight gradient.
+  bool bf16_activations = false;
 
-  explicit GemmConv(const ConvDesc& d);
-  // Whether `d` is a convolution this path computes (3x3, stride 1, padding 1).
-  static bool fits(const ConvDesc& d);
+  GemmConv(const ConvDesc& d, bool bf16);
+  // Whether `d` is a convolution this path computes (3x3, stride 1, padding 1); with bf16
+  // activations, also even channel counts (gemm_bf16 multiplies pairs of channels).
+  static bool fits(const ConvDesc& d, bool bf16 = false);
 
   // The copies scratch of the passes that may run: with `plain` GEMMs the bordered image and a
   // wide output (gradient), the image's size; the Winograd passes alone need chunks of tiles.
@@ -43,21 +52,23 @@ struct GemmConv {
                         void* copies) const;
   void backward_data(const float* dy, const float* w_oihw, float* dx, void* weights,
                      void* copies) const;
+  // The Winograd passes read and write activations of the convolution's type (float, or dp::bf16
+  // with bf16_activations).
   // Forward and backward-data by Winograd F(2x2, 3x3): each 4x4 input tile (stride 2) and each
   // filter transformed (B^T d B, G g G^T), one GEMM per of the 16 transformed positions (tiles x
   // cin times cin x cout), each 2x2 output tile transformed back (A^T m A). Backward-data is the
   // same on the output gradient with the filters rotated by 180 degrees and cin, cout swapped.
   // Tiles go in chunks, so the transformed copies stay small. Rounding differs from direct by
   // about 1e-6 relative (the transforms multiply by 0.5 and 1 only).
-  void forward_winograd(const float* x, const float* w_oihw, const float* b, float* y,
-                        void* weights, void* copies) const;
-  void backward_data_winograd(const float* dy, const float* w_oihw, float* dx, void* weights,
+  void forward_winograd(const void* x, const float* w_oihw, const float* b, void* y, void* weights,
+                        void* copies) const;
+  void backward_data_winograd(const void* dy, const float* w_oihw, void* dx, void* weights,
                               void* copies) const;
   // Backward-weights by the same transforms: for each of the 16 points, the transformed input
   // tiles (B^T d B) times the transformed output-gradient tiles (A dY A^T), summed over all
   // tiles of the batch, then G^T M G back to the 3x3 taps. The sums over tiles run in the
   // transformed domain (about 1e-6 relative from direct, as forward's).
-  void backward_weights_winograd(const float* x, const float* dy, float* dw_oihw, float* db,
+  void backward_weights_winograd(const void* x, const void* dy, float* dw_oihw, float* db,
                                  void* weights, void* copies) const;
 
  private:
@@ -69,20 +80,25 @@ struct GemmConv {
   void taps_to_weights(const float* taps, float* w_oihw) const;
   void border_image(const float* x, float* xp) const;
   void widen(const float* dy, float* dyw) const;
-  void bias_gradient(const float* dy, float* db) const;
-  // One tile's transforms into 16 rows (one per point) `stride` floats apart: B^T d B of the 4x4
-  // input tile at (ty, tx), A dY A^T of the 2x2 output-gradient tile there.
-  void input_tile(const float* image, int64_t k, int64_t ty, int64_t tx, const float* zeros,
-                  float* v, int64_t stride) const;
-  void gradient_tile(const float* grad, int64_t k, int64_t ty, int64_t tx, const float* zeros,
-                     float* z, int64_t stride) const;
-  // Winograd on `in` (n images of h x w x k_in) with transformed filters `u` into `out` (k_out
-  // channels); bias and ReLU optional.
-  void winograd(const float* in, int k_in, int k_out, const float* u, const float* b, bool relu,
-                float* out, void* copies) const;
-  // G g G^T of every filter into [16][k_in][k_out]; `rotated`: backward-data's filters (k_in =
-  // cout, k_out = cin, rotated by 180 degrees).
-  void winograd_filters(const float* w_oihw, bool rotated, float* u) const;
+  template <typename T>
+  void bias_gradient(const T* dy, float* db) const;
+  // The pixels of Winograd tile (ty, tx), a zero row for those outside the image: the 4x4 input
+  // tile at stride 2, and the 2x2 output-gradient tile there.
+  template <typename T>
+  void input_pixels(const T* image, int64_t k, int64_t ty, int64_t tx, const T* zeros,
+                    const T* (&d)[4][4]) const;
+  template <typename T>
+  void gradient_pixels(const T* grad, int64_t k, int64_t ty, int64_t tx, const T* zeros,
+                       const T* (&g)[2][2]) const;
+  // Backward-weights' sums M[p] (`acc`, [16][cin][cout]) of the transformed tiles' products, and
+  // G^T M G from them into the OIHW weight gradient.
+  void weight_points(const float* x, const float* dy, float* acc, void* copies) const;
+  void weight_points_bf16(const bf16* x, const bf16* dy, float* acc, void* copies) const;
+  void points_to_weights(const float* acc, float* dw_oihw) const;
+  // G g G^T of every filter into `u`, [16][k_in][k_out] floats, or with bf16_activations 16
+  // matrices of bf16_packed_size(k_in, k_out) in gemm_bf16's layout; `rotated`: backward-data's
+  // filters (k_in = cout, k_out = cin, rotated by 180 degrees).
+  void winograd_filters(const float* w_oihw, bool rotated, void* u) const;
   // F(4x4, 3x3) forward's filters: G g G^T of every filter into [36][cin][cout].
   void winograd4_filters(const float* w_oihw, float* u) const;
 };

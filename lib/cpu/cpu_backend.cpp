@@ -48,13 +48,20 @@ class CpuBackend final : public Backend {
         conv_algo_(options.conv_algo) {}
 
   std::string name() const override {
-    if (bf16_) return "cpu (bf16 activations and convolutions)";
+    if (bf16_) {
+      const char* k = conv_algo_ == CpuConvAlgo::kAuto
+                          ? "; 3x3: direct or Winograd on bf16 GEMMs, timed at first use"
+                      : conv_algo_ == CpuConvAlgo::kGemmWinograd
+                          ? "; 3x3: Winograd F(2x2, 3x3) on bf16 GEMMs"
+                          : "";
+      return str_cat("cpu (bf16 activations and convolutions", k, ")");
+    }
     const std::string k = cpu_conv_kernels(conv_algo_);
     return k.empty() ? "cpu" : "cpu (" + k + ")";
   }
 
   std::string kernel_choices() const override {
-    if (conv_algo_ == CpuConvAlgo::kDirect || bf16_) return {};
+    if (conv_algo_ == CpuConvAlgo::kDirect) return {};
     static const char* const kKinds[] = {"direct",       "blocked",           "Winograd",
                                          "GEMM",         "Winograd on GEMMs", "not yet run",
                                          "packed pixels"};

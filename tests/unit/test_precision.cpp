@@ -102,6 +102,103 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Bf16Conv,
                                                     "stride2_no_bias"}),
                          [](const auto& p) { return std::string(p.param.name); });
 
+// Winograd F(2x2, 3x3) on bf16 GEMMs (kAuto may choose it, kGemmWinograd forces it): besides the
+// operands, the transformed tiles and filters are rounded to bf16, so every pass comes within
+// kWinogradTol of fp32 on the rounded operands: the output and data gradient about twice direct
+// bf16's error, the weight gradient about PyTorch autocast's bf16 weight gradient's (2^-9 of each
+// element); the bias gradient is summed in fp32 (1e-5).
+// Shapes: odd sizes (partial tiles), 18 -> 34 channels (not whole panels or vectors) on 25 tiles
+// (backward-weights pairs the last with a zero tile), a single pixel, and two images of 756 tiles
+// (chunks across both; the weight sums run over two chunks).
+constexpr double kWinogradTol = 8e-3;
+
+TEST(Bf16Winograd, EachPassNearFp32OnRoundedOperands) {
+  SKIP_WITHOUT_BF16();
+  auto fp32 = make_cpu_backend(Precision::kFloat32);
+  auto direct = make_cpu_backend(Precision::kBFloat16);
+  auto wino = make_cpu_backend(CpuOptions{Precision::kBFloat16, CpuConvAlgo::kGemmWinograd});
+  EXPECT_NE(wino->name().find("Winograd F(2x2, 3x3) on bf16 GEMMs"), std::string::npos);
+  for (ConvDesc d : {conv(2, 16, 32, 48, 3, 1, true), conv(1, 12, 16, 16, 3, 1, false),
+                     conv(2, 9, 64, 32, 3, 1, true), conv(1, 9, 18, 34, 3, 1, true),
+                     conv(1, 1, 8, 8, 3, 1, true), conv(2, 41, 16, 24, 3, 1, true)}) {
+    if (d.h == 12) d.w = 20;  // not square
+    if (d.h == 41) d.w = 35;
+    SCOPED_TRACE(std::to_string(d.cin) + "->" + std::to_string(d.cout) + " " + std::to_string(d.h) +
+                 "x" + std::to_string(d.w));
+    const size_t src_n = size_t(d.src().numel()), dst_n = size_t(d.dst().numel());
+    const size_t w_n = size_t(d.cout) * size_t(d.cin) * 9;
+    const Vec x = test::rounded_to_bf16(random_vec(src_n, 1)), w = random_vec(w_n, 2),
+              b = random_vec(size_t(d.cout), 3), dy = test::rounded_to_bf16(random_vec(dst_n, 4));
+    const Vec wr = test::rounded_to_bf16(w);
+    Vec y_ref(dst_n), dx_ref(src_n), dw_ref(w_n), db_ref(size_t(d.cout)), unused_dw(w_n),
+        unused_db(size_t(d.cout));
+    fp32->conv_forward(d, x.data(), wr.data(), b.data(), y_ref.data());
+    Vec dy_r = dy;
+    fp32->conv_backward(d, x.data(), wr.data(), y_ref.data(), dy_r.data(), dx_ref.data(),
+                        unused_dw.data(), unused_db.data());
+    dy_r = dy;
+    fp32->conv_backward(d, x.data(), w.data(), y_ref.data(), dy_r.data(), nullptr, dw_ref.data(),
+                        db_ref.data());
+    Vec err[2][4];  // [direct, Winograd] y, dx, dw, db
+    double e[2][4];
+    for (int k = 0; k < 2; ++k) {
+      Backend& be = k == 0 ? *direct : *wino;
+      const Bits x_lo = test::stored_bf16(x);
+      Bits y_lo(dst_n, bf16{0x7fc0}), dx_lo(src_n, bf16{0x7fc0}), dy_lo = test::stored_bf16(dy);
+      Vec dw(w_n, NAN), db(size_t(d.cout), NAN);
+      be.conv_forward(d, x_lo.data(), w.data(), b.data(), y_lo.data());
+      be.conv_backward(d, x_lo.data(), w.data(), y_lo.data(), dy_lo.data(), dx_lo.data(), dw.data(),
+                       db.data());
+      e[k][0] = rel_diff(test::widened(y_lo), y_ref);
+      e[k][1] = rel_diff(test::widened(dx_lo), dx_ref);
+      e[k][2] = rel_diff(dw, dw_ref);
+      e[k][3] = d.bias ? rel_diff(db, db_ref) : 0.0;
+    }
+    std::printf(
+        "[bf16 winograd] %d->%d %dx%d: y %.2e dx %.2e dw %.2e db %.2e (direct bf16: y "
+        "%.2e dx %.2e)\n",
+        d.cin, d.cout, d.h, d.w, e[1][0], e[1][1], e[1][2], e[1][3], e[0][0], e[0][1]);
+    EXPECT_LT(e[1][0], kWinogradTol);
+    EXPECT_LT(e[1][1], kWinogradTol);
+    EXPECT_LT(e[1][2], kWinogradTol);
+    EXPECT_LT(e[1][3], 1e-5);
+    if (d.h > 1) {
+      EXPECT_GT(e[1][0], e[0][0]);  // the transformed tiles really were rounded
+    }
+  }
+  EXPECT_EQ(wino->kernel_choices(),
+            "forward: 6 Winograd on GEMMs; backward data: 6 Winograd on GEMMs; backward weights: "
+            "6 Winograd on GEMMs");
+}
+
+// Ten SGD steps of UNet16/8 on one batch with every 3x3 convolution but the first (3 input
+// channels) on bf16 Winograd: it fits the batch as direct bf16 does (the loss falls by the same
+// amount within 5%), and every pass of those convolutions ran on it.
+TEST(Bf16Winograd, FitsABatchLikeDirect) {
+  SKIP_WITHOUT_BF16();
+  ModelConfig mc;
+  mc.width_divisor = 8;
+  double drop[2] = {0, 0};
+  for (int b = 0; b < 2; ++b) {
+    auto be = make_cpu_backend(CpuOptions{
+        Precision::kBFloat16, b == 0 ? CpuConvAlgo::kDirect : CpuConvAlgo::kGemmWinograd});
+    const test::FitResult fit = test::fit_one_batch(*be, mc, 10, 0.5f);
+    drop[b] = fit.losses.front() - fit.losses.back();
+    std::printf("[bf16 %s] loss %.5f -> %.5f\n", b == 0 ? "direct" : "winograd", fit.losses.front(),
+                fit.losses.back());
+    if (b == 1) {
+      const std::string k = be->kernel_choices();
+      for (const char* pass : {"forward:", "backward data:", "backward weights:"}) {
+        const std::string part = k.substr(k.find(pass));
+        EXPECT_NE(part.substr(0, part.find(';')).find("Winograd on GEMMs"), std::string::npos)
+            << pass << " " << k;
+      }
+    }
+  }
+  EXPECT_GT(drop[0], 0.02);  // direct bf16 learns
+  EXPECT_NEAR(drop[1] / drop[0], 1.0, 0.05);
+}
+
 TEST(Bf16Deconv, EqualsFp32OnRoundedOperands) {
   SKIP_WITHOUT_BF16();
   const DeconvDesc d{2, 8, 8, 16, 8};

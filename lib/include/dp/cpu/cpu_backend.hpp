@@ -30,7 +30,8 @@ enum class CpuConvAlgo { kDirect, kAuto, kWinograd, kBlocked, kGemm, kGemmWinogr
 
 struct CpuOptions {
   Precision precision = Precision::kFloat32;
-  CpuConvAlgo conv_algo = CpuConvAlgo::kDirect;  // fp32 only: bf16 convolutions are direct
+  // bf16: kAuto and kGemmWinograd add Winograd on bf16 GEMMs; the others are direct.
+  CpuConvAlgo conv_algo = CpuConvAlgo::kDirect;
 };
 
 // The oneDNN backend (lib/cpu/). Threads follow OMP_NUM_THREADS. bf16 needs AVX512-BF16 or AMX.
