@@ -314,6 +314,31 @@ DP_BF16_TARGET inline void store_pairs(bf16* p, int64_t left, __m512 a, __m512 b
   _mm512_mask_storeu_epi16(p, m, pairs);
 }
 
+// Two input channels' transformed filters (v[j][p][l]: input channel c0 + j, output channel
+// o0 + l) rounded to bf16 into gemm_bf16's packing of the 16 points' matrices: [cin][cout], the
+// two channels a pair of rows (an interleaved store); or rotated, [cout][cin], where each two
+// output channels are a pair of rows (one 32-bit store each).
+DP_BF16_TARGET void store_filters_bf16(const float (&v)[2][16][16], int64_t c0, int64_t o0,
+                                       int64_t lanes, int64_t cin, int64_t cout, bool rotated,
+                                       bf16* u) {
+  const int64_t k_in = rotated ? cout : cin, point = bf16_packed_size(k_in, rotated ? cin : cout);
+  for (int p = 0; p < 16; ++p) {
+    bf16* up = u + p * point;
+    if (!rotated) {
+      store_pairs(up + bf16_packed_index(c0, o0, k_in), lanes, _mm512_loadu_ps(v[0][p]),
+                  _mm512_loadu_ps(v[1][p]));
+      continue;
+    }
+    for (int64_t c = c0; c < std::min(c0 + 2, cin); ++c) {
+      alignas(32) uint32_t pairs[8];  // output channels (o0 + 2i, o0 + 2i + 1) as bf16
+      _mm256_store_si256(reinterpret_cast<__m256i*>(pairs),
+                         (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(v[c - c0][p])));
+      for (int64_t i = 0; i < lanes / 2; ++i)
+        std::memcpy(up + bf16_packed_index(o0 + 2 * i, c, k_in), &pairs[i], sizeof(uint32_t));
+    }
+  }
+}
+
 // The transforms of tiles t and t+1 (d0/g0 and d1/g1) for backward-weights on bf16 GEMMs, stored
 // as pairs: the input tiles at v + p * v_point + 2 c (c < k_in), the gradient tiles at
 // z + p * z_point + panel_offset(o) (o < k_out), panel_offset giving gemm_bf16's packing.
@@ -561,14 +586,18 @@ void GemmConv::backward_data(const float* dy, const float* w_oihw, float* dx, vo
 
 namespace {
 
+using FilterBlock = float[kWinoPoints][kChannelBlock];  // [point][output channel]
+
 // G g G^T of each of the cin x cout filters (OIHW), rotated by 180 degrees where asked, handed to
-// store(point, input channel, output channel, value).
+// store(c, o0, lanes, v) two input channels at a time: v[j][p][l] is point p of the filter from
+// input channel c + j to output channel o0 + l (l < lanes); past cin, v[1] is zeros.
 template <typename Store>
 void transform_filters(int64_t cin, int64_t cout, const float* w_oihw, bool rotated,
                        const Store& store) {
 #pragma omp parallel for schedule(static)
   for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock) {
     const int64_t lanes = std::min<int64_t>(kChannelBlock, cout - o0);
+    FilterBlock v[2];
     for (int64_t c = 0; c < cin; ++c) {
       // The 3x3 filters of up to 16 output channels, tap-major, so that the transform below is
       // fixed-length loops over the channels the compiler vectorises (scalar, it was 4.5% of a
@@ -579,7 +608,7 @@ void transform_filters(int64_t cin, int64_t cout, const float* w_oihw, bool rota
         for (int k = 0; k < kTaps; ++k) g[k][l] = f[rotated ? kTaps - 1 - k : k];
       }
       // t = G g (4x3), then G g G^T (4x4); G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1].
-      float v[kWinoPoints][kChannelBlock];
+      FilterBlock& vc = v[c % 2];
       for (int64_t l = 0; l < kChannelBlock; ++l) {
         float t[4][3];
         for (int j = 0; j < 3; ++j) {
@@ -590,14 +619,16 @@ void transform_filters(int64_t cin, int64_t cout, const float* w_oihw, bool rota
           t[3][j] = g2;
         }
         for (int i = 0; i < 4; ++i) {
-          v[i * 4][l] = t[i][0];
-          v[i * 4 + 1][l] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
-          v[i * 4 + 2][l] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
-          v[i * 4 + 3][l] = t[i][2];
+          vc[i * 4][l] = t[i][0];
+          vc[i * 4 + 1][l] = 0.5f * (t[i][0] + t[i][1] + t[i][2]);
+          vc[i * 4 + 2][l] = 0.5f * (t[i][0] - t[i][1] + t[i][2]);
+          vc[i * 4 + 3][l] = t[i][2];
         }
       }
-      for (int p = 0; p < kWinoPoints; ++p)
-        for (int64_t l = 0; l < lanes; ++l) store(p, c, o0 + l, v[p][l]);
+      if (c % 2 == 1 || c + 1 == cin) {
+        if (c % 2 == 0) std::fill_n(&v[1][0][0], kWinoPoints * kChannelBlock, 0.0f);
+        store(c - c % 2, o0, lanes, v);
+      }
     }
   }
 }
@@ -608,20 +639,25 @@ void GemmConv::winograd_filters(const float* w_oihw, bool rotated, void* u) cons
   const int64_t k_in = rotated ? cout : cin, k_out = rotated ? cin : cout;
   if (!bf16_activations) {
     float* uf = static_cast<float*>(u);
-    transform_filters(cin, cout, w_oihw, rotated, [&](int p, int64_t c, int64_t o, float v) {
-      const int64_t row = rotated ? o : c, col = rotated ? c : o;
-      uf[(p * k_in + row) * k_out + col] = v;
-    });
+    transform_filters(cin, cout, w_oihw, rotated,
+                      [&](int64_t c0, int64_t o0, int64_t lanes, const FilterBlock(&v)[2]) {
+                        for (int64_t c = c0; c < std::min<int64_t>(c0 + 2, cin); ++c)
+                          for (int p = 0; p < kWinoPoints; ++p)
+                            for (int64_t l = 0; l < lanes; ++l) {
+                              const int64_t o = o0 + l, row = rotated ? o : c,
+                                            col = rotated ? c : o;
+                              uf[(p * k_in + row) * k_out + col] = v[c - c0][p][l];
+                            }
+                      });
     return;
   }
   bf16* ub = static_cast<bf16*>(u);
-  const int64_t packed = bf16_packed_size(k_in, k_out);
   if (k_out % kBf16Panel != 0)  // the last panel's columns past k_out multiply as zeros
-    std::memset(ub, 0, size_t(kWinoPoints * packed) * sizeof(bf16));
-  transform_filters(cin, cout, w_oihw, rotated, [&](int p, int64_t c, int64_t o, float v) {
-    const int64_t row = rotated ? o : c, col = rotated ? c : o;
-    ub[p * packed + bf16_packed_index(row, col, k_in)] = to_bf16(v);
-  });
+    std::memset(ub, 0, size_t(kWinoPoints * bf16_packed_size(k_in, k_out)) * sizeof(bf16));
+  transform_filters(cin, cout, w_oihw, rotated,
+                    [&](int64_t c0, int64_t o0, int64_t lanes, const FilterBlock(&v)[2]) {
+                      store_filters_bf16(v, c0, o0, lanes, cin, cout, rotated, ub);
+                    });
 }
 
 // The tile's pixels (a zero row for those outside the image) through the free transforms.
