@@ -232,9 +232,9 @@ DP_AVX2_CLONES void output_transform(const float* m, int64_t stride, int64_t k, 
 
 // The same transforms on bf16 activations, 16 channels a vector with AVX-512 (bf16 training runs
 // only where AVX512-BF16 is): bf16 widened exactly, results rounded to nearest even by
-// VCVTNEPS2BF16, the channels past the last multiple of 16 masked. Input tiles to bf16 (the
-// forward and data-gradient GEMMs) or fp32 (the weight gradient's), gradient tiles to fp32,
-// output tiles to bf16.
+// VCVTNEPS2BF16, the channels past the last multiple of 16 masked: input tiles to bf16 (forward's
+// and backward-data's GEMMs), input and gradient tiles of two tiles interleaved
+// (backward-weights'), output tiles from fp32 to bf16.
 #define DP_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 DP_BF16_TARGET inline __mmask16 lanes_mask(int64_t left) {
@@ -250,9 +250,6 @@ DP_BF16_TARGET inline __m512 load16(const float* p, __mmask16 m) {
 }
 DP_BF16_TARGET inline void store16(bf16* p, __mmask16 m, __m512 v) {
   _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
-}
-DP_BF16_TARGET inline void store16(float* p, __mmask16 m, __m512 v) {
-  _mm512_mask_storeu_ps(p, m, v);
 }
 
 // B^T d B and A dY A^T of 16 channels from k0 (masked by m) into the 16 points' vectors.
@@ -292,8 +289,8 @@ DP_BF16_TARGET inline void gradient_points(const bf16* const (&g)[2][2], int64_t
   }
 }
 
-template <typename V>
-DP_BF16_TARGET void input_transform(const bf16* const (&d)[4][4], int64_t k, V* v, int64_t stride) {
+DP_BF16_TARGET void input_transform(const bf16* const (&d)[4][4], int64_t k, bf16* v,
+                                    int64_t stride) {
   for (int64_t k0 = 0; k0 < k; k0 += 16) {
     const __mmask16 m = lanes_mask(k - k0);
     __m512 points[16];
