@@ -171,6 +171,46 @@ TEST(Bf16Winograd, EachPassNearFp32OnRoundedOperands) {
             "6 Winograd on GEMMs");
 }
 
+// kAuto with bf16 times direct against bf16 Winograd on a pass large enough (0.6 GFLOP) at its
+// first use and keeps one: every pass's result after the choice (the second call) is within
+// kWinogradTol of fp32 on the rounded operands, and each pass names a kernel.
+TEST(Bf16Winograd, TimedChoiceStaysNearFp32) {
+  SKIP_WITHOUT_BF16();
+  ConvDesc d{2, 64, 64, 64, 64, 3};
+  d.bias = true;
+  auto fp32 = make_cpu_backend(Precision::kFloat32);
+  auto timed = make_cpu_backend(CpuOptions{Precision::kBFloat16, CpuConvAlgo::kAuto});
+  const size_t src_n = size_t(d.src().numel()), dst_n = size_t(d.dst().numel()),
+               w_n = size_t(d.cout) * size_t(d.cin) * 9;
+  const Vec x = test::rounded_to_bf16(random_vec(src_n, 1)), w = random_vec(w_n, 2),
+            b = random_vec(size_t(d.cout), 3), dy = test::rounded_to_bf16(random_vec(dst_n, 4));
+  const Vec wr = test::rounded_to_bf16(w);
+  Vec y_ref(dst_n), dx_ref(src_n), dw_ref(w_n), db_ref(size_t(d.cout)), dy_r = dy;
+  fp32->conv_forward(d, x.data(), wr.data(), b.data(), y_ref.data());
+  fp32->conv_backward(d, x.data(), wr.data(), y_ref.data(), dy_r.data(), dx_ref.data(),
+                      dw_ref.data(), db_ref.data());
+  const Bits x_lo = test::stored_bf16(x);
+  Bits y_lo(dst_n), dx_lo(src_n), dy_lo;
+  Vec dw(w_n), db(size_t(d.cout));
+  for (int call = 0; call < 2; ++call) {
+    std::fill(y_lo.begin(), y_lo.end(), bf16{0x7fc0});
+    std::fill(dx_lo.begin(), dx_lo.end(), bf16{0x7fc0});
+    std::fill(dw.begin(), dw.end(), NAN);
+    dy_lo = test::stored_bf16(dy);
+    timed->conv_forward(d, x_lo.data(), w.data(), b.data(), y_lo.data());
+    timed->conv_backward(d, x_lo.data(), w.data(), y_lo.data(), dy_lo.data(), dx_lo.data(),
+                         dw.data(), db.data());
+  }
+  // dw against fp32 from the rounded operands: weights enter dw only through dy and x.
+  EXPECT_LT(rel_diff(test::widened(y_lo), y_ref), kWinogradTol);
+  EXPECT_LT(rel_diff(test::widened(dx_lo), dx_ref), kWinogradTol);
+  EXPECT_LT(rel_diff(dw, dw_ref), kWinogradTol);
+  const std::string k = timed->kernel_choices();
+  std::printf("[bf16 auto] %s\n", k.c_str());
+  EXPECT_EQ(k.find("not yet run"), std::string::npos) << k;
+  EXPECT_EQ(std::count(k.begin(), k.end(), ';'), 2) << k;
+}
+
 // Ten SGD steps of UNet16/8 on one batch with every 3x3 convolution but the first (3 input
 // channels) on bf16 Winograd: it fits the batch as direct bf16 does (the loss falls by the same
 // amount within 5%), and every pass of those convolutions ran on it.
