@@ -235,7 +235,6 @@ DP_AVX2_CLONES void output_transform(const float* m, int64_t stride, int64_t k, 
 // VCVTNEPS2BF16, the channels past the last multiple of 16 masked: input tiles to bf16 (forward's
 // and backward-data's GEMMs), input and gradient tiles of two tiles interleaved
 // (backward-weights'), output tiles from fp32 to bf16.
-#define DP_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
 DP_BF16_TARGET inline __mmask16 lanes_mask(int64_t left) {
   return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);

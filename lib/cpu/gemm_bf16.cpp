@@ -9,8 +9,6 @@
 namespace dp::cpu {
 namespace {
 
-#define DP_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
-
 // A tile of up to kRows rows of C by one panel (V vectors of 16 columns): R x V accumulators in
 // registers over all of k, each step one pair of A's row broadcast against V vectors of pairs of
 // B. 8 x 2 keeps 16 accumulators in flight (more than VDPBF16PS's latency times its throughput on

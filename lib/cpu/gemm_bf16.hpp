@@ -7,6 +7,9 @@
 
 #include "dp/bf16.hpp"
 
+// Code for the CPUs bf16 runs on (AVX512-BF16), in a library built for any x86-64.
+#define DP_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+
 namespace dp::cpu {
 
 // B (k x n) packed for gemm_bf16: panels of kBf16Panel columns, each k/2 rows of kBf16Panel pairs
