@@ -337,13 +337,11 @@ DP_BF16_TARGET void store_filters_bf16(const float (&v)[2][16][16], int64_t c0, 
 
 // The transforms of tiles t and t+1 (d0/g0 and d1/g1) for backward-weights on bf16 GEMMs, stored
 // as pairs: the input tiles at v + p * v_point + 2 c (c < k_in), the gradient tiles at
-// z + p * z_point + panel_offset(o) (o < k_out), panel_offset giving gemm_bf16's packing.
-template <typename PanelOffset>
+// z + p * z_point in gemm_bf16's packing of a B with z_k rows (z: the pair's first row).
 DP_BF16_TARGET void pair_transforms(const bf16* const (&d0)[4][4], const bf16* const (&d1)[4][4],
                                     int64_t k_in, bf16* v, int64_t v_point,
                                     const bf16* const (&g0)[2][2], const bf16* const (&g1)[2][2],
-                                    int64_t k_out, bf16* z, int64_t z_point,
-                                    const PanelOffset& panel_offset) {
+                                    int64_t k_out, bf16* z, int64_t z_point, int64_t z_k) {
   __m512 a[16], b[16];
   for (int64_t k0 = 0; k0 < k_in; k0 += 16) {
     const __mmask16 m = lanes_mask(k_in - k0);
@@ -356,7 +354,7 @@ DP_BF16_TARGET void pair_transforms(const bf16* const (&d0)[4][4], const bf16* c
     gradient_points(g0, k0, m, a);
     gradient_points(g1, k0, m, b);
     for (int p = 0; p < 16; ++p)
-      store_pairs(z + p * z_point + panel_offset(k0), k_out - k0, a[p], b[p]);
+      store_pairs(z + p * z_point + bf16_packed_index(0, k0, z_k), k_out - k0, a[p], b[p]);
   }
 }
 
@@ -648,8 +646,6 @@ void GemmConv::winograd_filters(const float* w_oihw, bool rotated, void* u) cons
     return;
   }
   bf16* ub = static_cast<bf16*>(u);
-  if (k_out % kBf16Panel != 0)  // the last panel's columns past k_out multiply as zeros
-    std::memset(ub, 0, size_t(kWinoPoints * bf16_packed_size(k_in, k_out)) * sizeof(bf16));
   transform_filters(cin, cout, w_oihw, rotated,
                     [&](int64_t c0, int64_t o0, int64_t lanes, const FilterBlock(&v)[2]) {
                       store_filters_bf16(v, c0, o0, lanes, cin, cout, rotated, ub);
@@ -888,9 +884,6 @@ void GemmConv::weight_points_bf16(const bf16* x, const bf16* dy, float* acc, voi
 #pragma omp parallel
   for (int64_t t0 = 0; t0 < tiles; t0 += kWeightChunk) {
     const int64_t count = std::min(kWeightChunk, tiles - t0), pairs = (count + 1) / 2;
-    const auto panel_offset = [&](int64_t o) {
-      return (o / kBf16Panel) * pairs * 2 * kBf16Panel + (o % kBf16Panel) * 2;
-    };
 #pragma omp for schedule(static)
     for (int64_t q = 0; q < pairs; ++q) {
       const bf16 *d[2][4][4], *g[2][2][2];
@@ -904,7 +897,7 @@ void GemmConv::weight_points_bf16(const bf16* x, const bf16* dy, float* acc, voi
         gradient_pixels(dy + i * image_out, cout, ty, tx, zeros, g[j]);
       }
       pair_transforms(d[0], d[1], cin, vt + q * 2 * cin, kWeightChunk * cin, g[0], g[1], cout,
-                      zt + q * 2 * kBf16Panel, z_point, panel_offset);
+                      zt + q * 2 * kBf16Panel, z_point, 2 * pairs);
     }
 #pragma omp for schedule(static)
     for (int p = 0; p < kWinoPoints; ++p)

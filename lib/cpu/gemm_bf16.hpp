@@ -14,7 +14,8 @@ namespace dp::cpu {
 
 // B (k x n) packed for gemm_bf16: panels of kBf16Panel columns, each k/2 rows of kBf16Panel pairs
 // (B[2q][j], B[2q+1][j]): the two values VDPBF16PS multiplies with a pair of A's row. The columns
-// past n are zero. k must be even.
+// past n need no values: each column of C is its own lanes, and those past n are not stored. k
+// must be even.
 constexpr int64_t kBf16Panel = 32;
 inline int64_t bf16_packed_size(int64_t k, int64_t n) {
   return (n + kBf16Panel - 1) / kBf16Panel * kBf16Panel * k;
