@@ -31,6 +31,11 @@ constexpr int64_t kWeightChunk = 512;
 // pixels; chunks of as many transformed rows as F(2x2, 3x3)'s (36 x 112 against 16 x 256).
 constexpr int kWino4Points = 36;
 constexpr int64_t kTileChunk4 = 112;
+// fp32 forward and backward-data run F(4x4, 3x3) where the batch has at least this many of its
+// tiles: with fewer, the GEMMs' rows are too few (measured per layer of UNet16 at 128x128, batch 2,
+// capped at AVX2 on 2 threads: F(4x4, 3x3) 10-30% faster on 32x32 images, 128 tiles, and 3-25%
+// slower on 16x16, 32 tiles; bench/README.md).
+constexpr int64_t kTile4MinTiles = 64;
 constexpr int kLanes = 16;  // channels the Winograd transforms handle at a time
 
 // Row-major C (m x n) = alpha op(A) op(B) + beta C; op(X) = X or its transpose.
@@ -55,7 +60,7 @@ GemmConv::GemmConv(const ConvDesc& d, bool bf16)
       cout(d.cout),
       relu(d.relu),
       has_bias(d.bias),
-      forward_tile(d.forward_only && !bf16 ? 4 : 2),
+      tile(!bf16 && int64_t(d.n) * ((d.h + 3) / 4) * ((d.w + 3) / 4) >= kTile4MinTiles ? 4 : 2),
       bf16_activations(bf16) {}
 
 bool GemmConv::fits(const ConvDesc& d, bool bf16) {
@@ -71,7 +76,8 @@ int64_t GemmConv::wide_rows() const {
 }
 
 size_t GemmConv::copies_bytes(bool plain) const {
-  const size_t rows = forward_tile == 4 ? kWino4Points * kTileChunk4 : kWinoPoints * kTileChunk;
+  // (Backward-weights runs F(2x2, 3x3) whatever the tile.)
+  const size_t rows = std::max(kWino4Points * kTileChunk4, kWinoPoints * kTileChunk);
   size_t wino = (rows * (cin + cout) + std::max(cin, cout)) * sizeof(float);
   if (bf16_activations)  // backward-weights' chunks (forward's and backward-data's are smaller)
     wino = std::max(
@@ -84,8 +90,7 @@ size_t GemmConv::copies_bytes(bool plain) const {
   return std::max(shifted, wino);
 }
 size_t GemmConv::weight_scratch_bytes() const {
-  const size_t fp32 =
-      size_t(forward_tile == 4 ? kWino4Points : kWinoPoints) * cin * cout * sizeof(float);
+  const size_t fp32 = size_t(tile == 4 ? kWino4Points : kWinoPoints) * cin * cout * sizeof(float);
   if (!bf16_activations) return fp32;
   const int64_t packed = std::max(bf16_packed_size(cin, cout), bf16_packed_size(cout, cin));
   return std::max(fp32, size_t(kWinoPoints) * size_t(packed) * sizeof(bf16));
@@ -469,6 +474,44 @@ DP_AVX2_CLONES void output4_transform(const float* m, int64_t stride, int64_t k,
   for (; k0 < k; ++k0) output4_lanes<1>(m, stride, k0, bias, relu, o);
 }
 
+// A dY A^T of the 4x4 gradient pixels g[r][c] + k0 into z[p * stride + k0 + j] for the 36 points
+// p = 6 r + c (backward-weights of F(4x4, 3x3)); A = [1 0 0 0; 1 1 1 1; 1 -1 1 -1; 1 2 4 8;
+// 1 -2 4 -8; 0 0 0 1] (A^T above).
+template <int64_t L>
+[[gnu::always_inline]] inline void gradient4_lanes(const float* const (&g)[4][4], int64_t k0,
+                                                   float* z, int64_t stride) {
+  const auto a = [](float e0, float e1, float e2, float e3, float(&q)[6]) {
+    const float s02 = e0 + e2, s13 = e1 + e3, t = e0 + 4 * e2, u = 2 * e1 + 8 * e3;
+    q[0] = e0;
+    q[1] = s02 + s13;
+    q[2] = s02 - s13;
+    q[3] = t + u;
+    q[4] = t - u;
+    q[5] = e3;
+  };
+  float q[4][6][L];  // A dY: [column][row][lane]
+  for (int c = 0; c < 4; ++c)
+    for (int64_t j = 0; j < L; ++j) {
+      float col[6];
+      a(g[0][c][k0 + j], g[1][c][k0 + j], g[2][c][k0 + j], g[3][c][k0 + j], col);
+      for (int r = 0; r < 6; ++r) q[c][r][j] = col[r];
+    }
+  for (int r = 0; r < 6; ++r)
+    for (int64_t j = 0; j < L; ++j) {
+      float row[6];
+      a(q[0][r][j], q[1][r][j], q[2][r][j], q[3][r][j], row);
+      float* out = z + int64_t(6 * r) * stride + k0 + j;
+      for (int c = 0; c < 6; ++c) out[c * stride] = row[c];
+    }
+}
+
+DP_AVX2_CLONES void gradient4_transform(const float* const (&g)[4][4], int64_t k, float* z,
+                                        int64_t stride) {
+  int64_t k0 = 0;
+  for (; k0 + kLanes <= k; k0 += kLanes) gradient4_lanes<kLanes>(g, k0, z, stride);
+  for (; k0 < k; ++k0) gradient4_lanes<1>(g, k0, z, stride);
+}
+
 }  // namespace
 
 // One NHWC image into the zero-bordered buffer.
@@ -652,23 +695,24 @@ void GemmConv::winograd_filters(const float* w_oihw, bool rotated, void* u) cons
                     });
 }
 
-// The tile's pixels (a zero row for those outside the image) through the free transforms.
-template <typename T>
+// The pixels of tile (ty, tx) of F(MxM, 3x3) (a zero row for those outside the image): the
+// (M+2)x(M+2) input tile at stride M, and the MxM output-gradient tile there.
+template <int M, typename T>
 void GemmConv::input_pixels(const T* image, int64_t k, int64_t ty, int64_t tx, const T* zeros,
-                            const T* (&d)[4][4]) const {
-  for (int r = 0; r < 4; ++r)
-    for (int c = 0; c < 4; ++c) {
-      const int64_t y = 2 * ty - 1 + r, x = 2 * tx - 1 + c;
+                            const T* (&d)[M + 2][M + 2]) const {
+  for (int r = 0; r < M + 2; ++r)
+    for (int c = 0; c < M + 2; ++c) {
+      const int64_t y = M * ty - 1 + r, x = M * tx - 1 + c;
       d[r][c] = y >= 0 && y < h && x >= 0 && x < w ? image + (y * w + x) * k : zeros;
     }
 }
 
-template <typename T>
+template <int M, typename T>
 void GemmConv::gradient_pixels(const T* grad, int64_t k, int64_t ty, int64_t tx, const T* zeros,
-                               const T* (&g)[2][2]) const {
-  for (int r = 0; r < 2; ++r)
-    for (int c = 0; c < 2; ++c) {
-      const int64_t y = 2 * ty + r, x = 2 * tx + c;
+                               const T* (&g)[M][M]) const {
+  for (int r = 0; r < M; ++r)
+    for (int c = 0; c < M; ++c) {
+      const int64_t y = M * ty + r, x = M * tx + c;
       g[r][c] = y < h && x < w ? grad + (y * w + x) * k : zeros;
     }
 }
@@ -756,10 +800,11 @@ void winograd_tiles(int64_t n, int64_t h, int64_t w, const T* in, int64_t k_in, 
 
 }  // namespace
 
-// G g G^T of every filter into [36][cin][cout], G = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6;
-// 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1], 16 output channels at a time (whole cache lines of u,
-// as winograd_filters).
-void GemmConv::winograd4_filters(const float* w_oihw, float* u) const {
+// G g G^T of every filter into [36][k_in][k_out], G = [1/4 0 0; -1/6 -1/6 -1/6; -1/6 1/6 -1/6;
+// 1/24 1/12 1/6; 1/24 -1/12 1/6; 0 0 1], 16 columns (k_out channels) at a time, so that u is
+// written in whole cache lines; `rotated`: backward-data's, as winograd_filters (k_in = cout).
+void GemmConv::winograd4_filters(const float* w_oihw, bool rotated, float* u) const {
+  const int64_t k_in = rotated ? cout : cin, k_out = rotated ? cin : cout;
   const auto g = [](float g0, float g1, float g2, float* t, int64_t step) {
     constexpr float k6 = 1.0f / 6, k12 = 1.0f / 12, k24 = 1.0f / 24;
     t[0] = 0.25f * g0;
@@ -770,12 +815,15 @@ void GemmConv::winograd4_filters(const float* w_oihw, float* u) const {
     t[5 * step] = g2;
   };
 #pragma omp parallel for schedule(static)
-  for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock) {
-    const int64_t lanes = std::min<int64_t>(kChannelBlock, cout - o0);
-    for (int64_t c = 0; c < cin; ++c) {
+  for (int64_t col0 = 0; col0 < k_out; col0 += kChannelBlock) {
+    const int64_t lanes = std::min<int64_t>(kChannelBlock, k_out - col0);
+    for (int64_t row = 0; row < k_in; ++row) {
       float f[kTaps][kChannelBlock] = {};
-      for (int64_t l = 0; l < lanes; ++l)
-        for (int k = 0; k < kTaps; ++k) f[k][l] = w_oihw[((o0 + l) * cin + c) * kTaps + k];
+      for (int64_t l = 0; l < lanes; ++l) {
+        const int64_t c = rotated ? col0 + l : row, o = rotated ? row : col0 + l;
+        for (int k = 0; k < kTaps; ++k)
+          f[k][l] = w_oihw[(o * cin + c) * kTaps + (rotated ? kTaps - 1 - k : k)];
+      }
       float cols[6][3][kChannelBlock], v[kWino4Points][kChannelBlock];  // G g, then G g G^T
       for (int j = 0; j < 3; ++j)
         for (int64_t l = 0; l < kChannelBlock; ++l)
@@ -784,7 +832,7 @@ void GemmConv::winograd4_filters(const float* w_oihw, float* u) const {
         for (int64_t l = 0; l < kChannelBlock; ++l)
           g(cols[r][0][l], cols[r][1][l], cols[r][2][l], &v[6 * r][l], kChannelBlock);
       for (int p = 0; p < kWino4Points; ++p)
-        std::copy_n(v[p], lanes, u + (int64_t(p) * cin + c) * cout + o0);
+        std::copy_n(v[p], lanes, u + (int64_t(p) * k_in + row) * k_out + col0);
     }
   }
 }
@@ -799,8 +847,8 @@ void GemmConv::forward_winograd(const void* x, const float* w_oihw, const float*
     return;
   }
   float* u = static_cast<float*>(weights);
-  if (forward_tile == 4) {
-    winograd4_filters(w_oihw, u);
+  if (tile == 4) {
+    winograd4_filters(w_oihw, false, u);
     winograd_tiles<4>(n, h, w, static_cast<const float*>(x), cin, cout, u, bias, relu,
                       static_cast<float*>(y), copies);
     return;
@@ -812,15 +860,23 @@ void GemmConv::forward_winograd(const void* x, const float* w_oihw, const float*
 
 void GemmConv::backward_data_winograd(const void* dy, const float* w_oihw, void* dx, void* weights,
                                       void* copies) const {
-  winograd_filters(w_oihw, true, weights);
-  if (bf16_activations)
+  if (bf16_activations) {
+    winograd_filters(w_oihw, true, weights);
     winograd_tiles<2>(n, h, w, static_cast<const bf16*>(dy), cout, cin,
                       static_cast<const bf16*>(weights), nullptr, false, static_cast<bf16*>(dx),
                       copies);
-  else
-    winograd_tiles<2>(n, h, w, static_cast<const float*>(dy), cout, cin,
-                      static_cast<const float*>(weights), nullptr, false, static_cast<float*>(dx),
-                      copies);
+    return;
+  }
+  float* u = static_cast<float*>(weights);
+  if (tile == 4) {
+    winograd4_filters(w_oihw, true, u);
+    winograd_tiles<4>(n, h, w, static_cast<const float*>(dy), cout, cin, u, nullptr, false,
+                      static_cast<float*>(dx), copies);
+    return;
+  }
+  winograd_filters(w_oihw, true, u);
+  winograd_tiles<2>(n, h, w, static_cast<const float*>(dy), cout, cin, u, nullptr, false,
+                    static_cast<float*>(dx), copies);
 }
 
 // dL/dU = V (.) (A dY A^T) per tile, so the weight gradient is G^T M G with M[p] = sum over tiles
@@ -829,43 +885,60 @@ void GemmConv::backward_data_winograd(const void* dy, const float* w_oihw, void*
 // so a run with the same thread count repeats its bits).
 void GemmConv::backward_weights_winograd(const void* x, const void* dy, float* dw_oihw, float* db,
                                          void* weights, void* copies) const {
-  float* acc = static_cast<float*>(weights);  // M: [16][cin][cout]
+  float* acc = static_cast<float*>(weights);  // M: [points][cin][cout]
   if (bf16_activations) {
     weight_points_bf16(static_cast<const bf16*>(x), static_cast<const bf16*>(dy), acc, copies);
     bias_gradient(static_cast<const bf16*>(dy), db);
-  } else {
-    weight_points(static_cast<const float*>(x), static_cast<const float*>(dy), acc, copies);
-    bias_gradient(static_cast<const float*>(dy), db);
+    points_to_weights<2>(acc, dw_oihw);
+    return;
   }
-  points_to_weights(acc, dw_oihw);
+  const auto* xf = static_cast<const float*>(x);
+  const auto* dyf = static_cast<const float*>(dy);
+  if (tile == 4)
+    weight_points<4>(xf, dyf, acc, copies);
+  else
+    weight_points<2>(xf, dyf, acc, copies);
+  bias_gradient(dyf, db);
+  if (tile == 4)
+    points_to_weights<4>(acc, dw_oihw);
+  else
+    points_to_weights<2>(acc, dw_oihw);
 }
 
+template <int M>
 void GemmConv::weight_points(const float* x, const float* dy, float* acc, void* copies) const {
-  float* vt = static_cast<float*>(copies);          // [16][chunk][cin]
-  float* zt = vt + kWinoPoints * kTileChunk * cin;  // [16][chunk][cout]
-  float* zeros = zt + kWinoPoints * kTileChunk * cout;
+  constexpr int kSide = M + 2, kPoints = kSide * kSide;
+  constexpr int64_t kChunk = M == 2 ? kTileChunk : kTileChunk4;
+  float* vt = static_cast<float*>(copies);  // [points][chunk][cin]
+  float* zt = vt + kPoints * kChunk * cin;  // [points][chunk][cout]
+  float* zeros = zt + kPoints * kChunk * cout;
   std::fill_n(zeros, std::max(cin, cout), 0.0f);
-  const int64_t tiles_w = (w + 1) / 2, image_tiles = (h + 1) / 2 * tiles_w;
+  const int64_t tiles_w = (w + M - 1) / M, image_tiles = (h + M - 1) / M * tiles_w;
   const int64_t tiles = n * image_tiles, image_in = int64_t(h) * w * cin,
                 image_out = int64_t(h) * w * cout;
 #pragma omp parallel
-  for (int64_t t0 = 0; t0 < tiles; t0 += kTileChunk) {
-    const int64_t count = std::min(kTileChunk, tiles - t0);
+  for (int64_t t0 = 0; t0 < tiles; t0 += kChunk) {
+    const int64_t count = std::min(kChunk, tiles - t0);
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < count; ++t) {
       const int64_t i = (t0 + t) / image_tiles, ty = (t0 + t) % image_tiles / tiles_w,
                     tx = (t0 + t) % tiles_w;
-      const float *d[4][4], *g[2][2];
-      input_pixels(x + i * image_in, cin, ty, tx, zeros, d);
-      gradient_pixels(dy + i * image_out, cout, ty, tx, zeros, g);
-      input_transform(d, cin, vt + t * cin, kTileChunk * cin);
-      gradient_transform(g, cout, zt + t * cout, kTileChunk * cout);
+      const float *d[kSide][kSide], *g[M][M];
+      input_pixels<M>(x + i * image_in, cin, ty, tx, zeros, d);
+      gradient_pixels<M>(dy + i * image_out, cout, ty, tx, zeros, g);
+      if constexpr (M == 2) {
+        input_transform(d, cin, vt + t * cin, kChunk * cin);
+        gradient_transform(g, cout, zt + t * cout, kChunk * cout);
+      } else {
+        input6_transform(d, cin, vt + t * cin, kChunk * cin);
+        gradient4_transform(g, cout, zt + t * cout, kChunk * cout);
+      }
     }
     // Inside the parallel region each sgemm runs on its calling thread.
 #pragma omp for schedule(static)
-    for (int p = 0; p < kWinoPoints; ++p)
-      sgemm('T', 'N', cin, cout, count, vt + p * kTileChunk * cin, cin, zt + p * kTileChunk * cout,
-            cout, t0 == 0 ? 0.0f : 1.0f, acc + int64_t(p) * cin * cout, cout);
+    for (int p = 0; p < kPoints; ++p)
+      sgemm('T', 'N', cin, cout, count, vt + p * kChunk * cin, cin, zt + p * kChunk * cout, cout,
+            t0 == 0 ? 0.0f : 1.0f, acc + int64_t(p) * cin * cout, cout);
   }
 }
 
@@ -893,8 +966,8 @@ void GemmConv::weight_points_bf16(const bf16* x, const bf16* dy, float* acc, voi
         // A tile past the count reads zeros everywhere (a tile position below the image).
         const int64_t i = real ? t / image_tiles : 0;
         const int64_t ty = real ? t % image_tiles / tiles_w : h, tx = real ? t % tiles_w : w;
-        input_pixels(x + i * image_in, cin, ty, tx, zeros, d[j]);
-        gradient_pixels(dy + i * image_out, cout, ty, tx, zeros, g[j]);
+        input_pixels<2>(x + i * image_in, cin, ty, tx, zeros, d[j]);
+        gradient_pixels<2>(dy + i * image_out, cout, ty, tx, zeros, g[j]);
       }
       pair_transforms(d[0], d[1], cin, vt + q * 2 * cin, kWeightChunk * cin, g[0], g[1], cout,
                       zt + q * 2 * kBf16Panel, z_point, 2 * pairs);
@@ -906,31 +979,39 @@ void GemmConv::weight_points_bf16(const bf16* x, const bf16* dy, float* acc, voi
   }
 }
 
+// G^T M G per (cin, cout) pair into OIHW, 16 output channels at a time: for F(2x2, 3x3)
+// G^T = [1 .5 .5 0; 0 .5 -.5 0; 0 .5 .5 1], for F(4x4, 3x3) the transpose of
+// winograd4_filters' G.
+template <int M>
 void GemmConv::points_to_weights(const float* acc, float* dw_oihw) const {
-  // G^T M G per (cin, cout) pair into OIHW, 16 output channels at a time;
-  // G^T = [1 .5 .5 0; 0 .5 -.5 0; 0 .5 .5 1].
+  constexpr int kSide = M + 2, kPoints = kSide * kSide;
+  constexpr float k6 = 1.0f / 6, k12 = 1.0f / 12, k24 = 1.0f / 24;
+  constexpr float kG2[3][4] = {{1, .5f, .5f, 0}, {0, .5f, -.5f, 0}, {0, .5f, .5f, 1}};
+  constexpr float kG4[3][6] = {
+      {.25f, -k6, -k6, k24, k24, 0}, {0, -k6, k6, k12, -k12, 0}, {0, -k6, -k6, k6, k6, 1}};
+  const auto& gt = [&]() -> const float(&)[3][kSide] {
+    if constexpr (M == 2)
+      return kG2;
+    else
+      return kG4;
+  }();
 #pragma omp parallel for schedule(static)
   for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock) {
     const int64_t lanes = std::min<int64_t>(kChannelBlock, cout - o0);
     for (int64_t c = 0; c < cin; ++c) {
-      float m[kWinoPoints][kChannelBlock] = {};
-      for (int p = 0; p < kWinoPoints; ++p)
+      float m[kPoints][kChannelBlock] = {};
+      for (int p = 0; p < kPoints; ++p)
         std::copy_n(acc + (int64_t(p) * cin + c) * cout + o0, lanes, m[p]);
-      float r[kTaps][kChannelBlock];
-      for (int64_t l = 0; l < kChannelBlock; ++l) {
-        float t[3][4];
-        for (int j = 0; j < 4; ++j) {
-          const float m0 = m[j][l], m1 = m[4 + j][l], m2 = m[8 + j][l], m3 = m[12 + j][l];
-          t[0][j] = m0 + 0.5f * (m1 + m2);
-          t[1][j] = 0.5f * (m1 - m2);
-          t[2][j] = 0.5f * (m1 + m2) + m3;
-        }
-        for (int i = 0; i < 3; ++i) {
-          r[i * 3][l] = t[i][0] + 0.5f * (t[i][1] + t[i][2]);
-          r[i * 3 + 1][l] = 0.5f * (t[i][1] - t[i][2]);
-          r[i * 3 + 2][l] = 0.5f * (t[i][1] + t[i][2]) + t[i][3];
-        }
-      }
+      float t[3][kSide][kChannelBlock] = {}, r[kTaps][kChannelBlock] = {};  // G^T M, G^T M G
+      for (int i = 0; i < 3; ++i)
+        for (int q = 0; q < kSide; ++q)
+          for (int j = 0; j < kSide; ++j)
+            for (int64_t l = 0; l < kChannelBlock; ++l)
+              t[i][j][l] += gt[i][q] * m[q * kSide + j][l];
+      for (int i = 0; i < 3; ++i)
+        for (int k = 0; k < 3; ++k)
+          for (int j = 0; j < kSide; ++j)
+            for (int64_t l = 0; l < kChannelBlock; ++l) r[i * 3 + k][l] += t[i][j][l] * gt[k][j];
       for (int64_t l = 0; l < lanes; ++l)
         for (int k = 0; k < kTaps; ++k) dw_oihw[((o0 + l) * cin + c) * kTaps + k] = r[k][l];
     }

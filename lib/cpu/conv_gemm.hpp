@@ -26,7 +26,7 @@ struct GemmConv {
   // The output tile of forward Winograd: 2, F(2x2, 3x3); 4, F(4x4, 3x3), for a forward-only
   // (inference) convolution, whose only pass is forward. F(4x4, 3x3)'s transforms multiply by up
   // to 8 and 1/6: it rounds 2-10x more than F(2x2, 3x3), a few 1e-6 relative to direct.
-  int forward_tile = 2;
+  int tile = 2;
   // bf16 activations (--precision bf16): the Winograd passes only, F(2x2, 3x3) for every pass.
   // The transforms run in fp32; the transformed tiles and filters are rounded to bf16 and their
   // products summed in fp32 on gemm_bf16 (VDPBF16PS: twice sgemm's multiply-adds a cycle); the
@@ -82,25 +82,27 @@ struct GemmConv {
   void widen(const float* dy, float* dyw) const;
   template <typename T>
   void bias_gradient(const T* dy, float* db) const;
-  // The pixels of Winograd tile (ty, tx), a zero row for those outside the image: the 4x4 input
-  // tile at stride 2, and the 2x2 output-gradient tile there.
-  template <typename T>
+  // The pixels of Winograd F(MxM, 3x3) tile (ty, tx), a zero row for those outside the image: the
+  // (M+2)x(M+2) input tile at stride M, and the MxM output-gradient tile there.
+  template <int M, typename T>
   void input_pixels(const T* image, int64_t k, int64_t ty, int64_t tx, const T* zeros,
-                    const T* (&d)[4][4]) const;
-  template <typename T>
+                    const T* (&d)[M + 2][M + 2]) const;
+  template <int M, typename T>
   void gradient_pixels(const T* grad, int64_t k, int64_t ty, int64_t tx, const T* zeros,
-                       const T* (&g)[2][2]) const;
-  // Backward-weights' sums M[p] (`acc`, [16][cin][cout]) of the transformed tiles' products, and
-  // G^T M G from them into the OIHW weight gradient.
+                       const T* (&g)[M][M]) const;
+  // Backward-weights' sums M[p] (`acc`, [points][cin][cout]) of the transformed tiles' products,
+  // and G^T M G from them into the OIHW weight gradient, for F(MxM, 3x3).
+  template <int M>
   void weight_points(const float* x, const float* dy, float* acc, void* copies) const;
   void weight_points_bf16(const bf16* x, const bf16* dy, float* acc, void* copies) const;
+  template <int M>
   void points_to_weights(const float* acc, float* dw_oihw) const;
   // G g G^T of every filter into `u`, [16][k_in][k_out] floats, or with bf16_activations 16
   // matrices of bf16_packed_size(k_in, k_out) in gemm_bf16's layout; `rotated`: backward-data's
   // filters (k_in = cout, k_out = cin, rotated by 180 degrees).
   void winograd_filters(const float* w_oihw, bool rotated, void* u) const;
   // F(4x4, 3x3) forward's filters: G g G^T of every filter into [36][cin][cout].
-  void winograd4_filters(const float* w_oihw, float* u) const;
+  void winograd4_filters(const float* w_oihw, bool rotated, float* u) const;
 };
 
 }  // namespace dp::cpu

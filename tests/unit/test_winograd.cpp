@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu/conv_gemm.hpp"
 #include "cpu/onednn.hpp"  // lib/: ConvPrims, to force each pass's kernel
 #include "dp/backend.hpp"
 #include "dp/buffer.hpp"
@@ -245,28 +246,51 @@ Vec forward_output(Backend& be, const ConvDesc& d) {
   return y;
 }
 
-// An inference model's forward pass on GEMMs runs F(4x4, 3x3) (36 points, 6x6 tiles at stride 4):
-// within 2e-5 of direct and not equal to F(2x2, 3x3)'s result (so the larger tile ran), for
-// sizes 4 does not divide (partial tiles on the right and bottom), a single pixel, 3 and 17
-// channels (not a whole vector of lanes), no bias or ReLU, and 2 images of 208 tiles each (two
-// chunks of 112, the second partial).
-TEST(GemmWinograd, InferenceForwardRunsF4x4) {
-  const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+// fp32 Winograd on GEMMs runs F(4x4, 3x3) (36 points, 6x6 tiles at stride 4) for every pass where
+// the batch has at least 64 of its tiles, F(2x2, 3x3) below. Each tile, forced, is within 2e-5
+// of direct in every pass, and the two differ (so the tile forced is the tile that ran), for sizes
+// 4 does not divide (partial tiles on the right and bottom), a single pixel, 3 and 17 channels
+// (not a whole vector of lanes), no bias or ReLU, and 2 images of 208 tiles each (two chunks of
+// 112, the second partial).
+TEST(GemmWinograd, Fp32TileByTheBatchsTiles) {
   auto direct = backend(CpuConvAlgo::kDirect);
-  auto gemm = backend(CpuConvAlgo::kGemmWinograd);
   for (ConvDesc d : {conv(2, 50, 61, 16, 24, true, true), conv(1, 1, 1, 8, 8, false, true),
                      conv(2, 9, 11, 64, 32, true, false), conv(2, 16, 15, 3, 64, true, true),
                      conv(1, 7, 10, 17, 5, false, false), conv(1, 13, 6, 32, 17, true, true)}) {
     SCOPED_TRACE(std::to_string(d.cin) + "->" + std::to_string(d.cout) + " " + std::to_string(d.h) +
                  "x" + std::to_string(d.w));
-    const Vec want = forward_output(*direct, d), f2 = forward_output(*gemm, d);
-    d.forward_only = true;
-    ASSERT_EQ(cpu::make_conv(eng, d, false, CpuConvAlgo::kGemmWinograd)->gemm->forward_tile, 4);
-    const Vec f4 = forward_output(*gemm, d);
-    std::printf("[gemm-winograd] %d->%d %dx%d: F(2x2, 3x3) %.2e, F(4x4, 3x3) %.2e\n", d.cin, d.cout,
-                d.h, d.w, rel_diff(f2, want), rel_diff(f4, want));
-    EXPECT_LT(rel_diff(f4, want), 2e-5);
-    EXPECT_NE(f4, f2);
+    const int64_t tiles4 = int64_t(d.n) * ((d.h + 3) / 4) * ((d.w + 3) / 4);
+    EXPECT_EQ(cpu::GemmConv(d, false).tile, tiles4 >= 64 ? 4 : 2);
+    ConvDesc inference = d;
+    inference.forward_only = true;
+    EXPECT_EQ(cpu::GemmConv(inference, false).tile, tiles4 >= 64 ? 4 : 2);
+    ConvDesc linear = d;  // the gradients' reference without the ReLU's mask
+    linear.relu = false;
+    const ConvResult want = run_conv(*direct, d), want_linear = run_conv(*direct, linear);
+    const Vec x = random_vec(size_t(d.src().numel()), 1),
+              w = random_vec(size_t(d.cout) * size_t(d.cin) * 9, 2),
+              b = random_vec(size_t(d.cout), 3), dy = random_vec(size_t(d.dst().numel()), 4);
+    ConvResult got[2];  // F(4x4, 3x3), F(2x2, 3x3)
+    for (int k = 0; k < 2; ++k) {
+      cpu::GemmConv g(d, false);
+      g.tile = k == 0 ? 4 : 2;
+      const Buffer copies(g.copies_bytes(false)), weights(g.weight_scratch_bytes());
+      ConvResult& r = got[k];
+      r = {Vec(dy.size(), NAN), Vec(x.size(), NAN), Vec(w.size(), NAN), Vec(b.size(), NAN)};
+      g.forward_winograd(x.data(), w.data(), b.data(), r.y.data(), weights.data(), copies.data());
+      g.backward_data_winograd(dy.data(), w.data(), r.dx.data(), weights.data(), copies.data());
+      g.backward_weights_winograd(x.data(), dy.data(), r.dw.data(), r.db.data(), weights.data(),
+                                  copies.data());
+      std::printf("[gemm-winograd] %d->%d %dx%d: F(%dx%d, 3x3) y %.2e dx %.2e dw %.2e\n", d.cin,
+                  d.cout, d.h, d.w, g.tile, g.tile, rel_diff(r.y, want.y),
+                  rel_diff(r.dx, want_linear.dx), rel_diff(r.dw, want_linear.dw));
+      EXPECT_LT(rel_diff(r.y, want.y), 2e-5);
+      EXPECT_LT(rel_diff(r.dx, want_linear.dx), 2e-5);
+      EXPECT_LT(rel_diff(r.dw, want_linear.dw), 2e-5);
+    }
+    EXPECT_NE(got[0].y, got[1].y);
+    EXPECT_NE(got[0].dx, got[1].dx);
+    EXPECT_NE(got[0].dw, got[1].dw);
   }
 }
 
