@@ -236,8 +236,9 @@ OptionTable<TrainOptions> make_train_option_table() {
   t.choice(devices, "cpu-conv", &O::cpu_conv, cpu_conv_words(),
            "CPU 3x3 stride-1 convolutions: auto (per pass, whichever is faster when timed at "
            "first use: direct on NHWC, Winograd where oneDNN has it, else direct on oneDNN's "
-           "blocked layout, or the backend's own GEMMs: nine shifted ones, or Winograd F(2x2, "
-           "3x3) on 16), direct, shape (no timing: Winograd for the forward passes whose channels "
+           "blocked layout, or the backend's own GEMMs: nine shifted ones, or Winograd, F(4x4, "
+           "3x3) on 36 where a batch has 64 of its tiles, else F(2x2, 3x3) on 16), direct, shape "
+           "(no timing: Winograd for the forward passes whose channels "
            "pay for it, direct elsewhere; dppredict's default), winograd (oneDNN 2.x has it on "
            "AVX-512 only; elsewhere an error), blocked, gemm or gemm-winograd; --deterministic "
            "implies direct. bf16: auto times direct against Winograd F(2x2, 3x3) on bf16 GEMMs, "

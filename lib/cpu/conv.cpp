@@ -217,10 +217,13 @@ constexpr double kShapeWinogradMinChannels = 20;
 // 2.47-2.53 -> 2.34-2.40 s, 20 MiB less; at full width, where oneDNN's is faster on the widest
 // layers, bounds from 48 to 128 ran within noise of each other, 192 and all-GEMM slower) ...
 constexpr double kShapeGemmWinogradBelowChannels = 64;
-// ... and oneDNN's Winograd only where its blocked copies of the layer's input and output fit
-// this; a larger layer (a whole photograph as one tile) runs Winograd on GEMMs instead, whose
-// copies are chunks of tiles. So Winograd adds at most this plus the scratchpad cap to any run.
-constexpr size_t kShapeWinogradMaxCopies = size_t{32} << 20;
+// ... and oneDNN's Winograd (or, under kAuto, its blocked layout) only where its blocked copies of
+// the layer's input and output fit this; a larger layer (a whole photograph as one tile) runs
+// Winograd on GEMMs instead, whose copies are chunks of tiles. So Winograd adds at most this plus
+// the scratchpad cap to any run. (Under kAuto, full-width UNet16 at 384x544, batch 1, 2 threads,
+// EPYC Zen 4, AVX-512: peak memory 2961 -> 2120 MiB, step 3.37 -> 2.99 s; 192x256 batch 4: 2647
+// -> 2044 MiB, 3.19 -> 3.38 s.)
+constexpr size_t kBlockedMaxCopies = size_t{32} << 20;
 
 // Runs `pass(a)` for each candidate kernel once to warm up, then once each timed (their
 // conversions included), and returns the fastest. (Where two are close the choice matters little;
@@ -551,7 +554,7 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
     if (!(d.forward_only && channels < kShapeGemmWinogradBelowChannels) &&
         build_variant(CpuConvAlgo::kWinograd) &&
         p->blocked->pad_bytes[BlockedPrims::kFwd] <= kWinogradMaxScratchpad &&
-        p->blocked->src_bytes + p->blocked->mid_bytes <= kShapeWinogradMaxCopies) {
+        p->blocked->src_bytes + p->blocked->mid_bytes <= kBlockedMaxCopies) {
       p->algo[BlockedPrims::kFwd] = PassAlgo::kBlocked;
       return p;
     }
@@ -569,6 +572,8 @@ std::unique_ptr<ConvPrims> make_conv(const dnnl::engine& eng, const ConvDesc& d,
   }
   if (!build_variant(CpuConvAlgo::kWinograd)) build_variant(CpuConvAlgo::kBlocked);
   if (GemmConv::fits(d)) p->gemm = std::make_unique<GemmConv>(d, false);
+  if (p->blocked && p->gemm && p->blocked->src_bytes + p->blocked->mid_bytes > kBlockedMaxCopies)
+    p->blocked.reset();  // Winograd on GEMMs instead: its copies are chunks of tiles
   bool blocked_used = false;
   for (int k = 0; k < 3; ++k) {
     const std::vector<PassAlgo> c = p->candidates(k);

@@ -1,6 +1,6 @@
 // 3x3 stride-1 convolution passes on GEMMs: nine shifted sgemms each on zero-bordered copies of
-// the images, Winograd F(2x2, 3x3) for every pass (on sgemm, or on gemm_bf16 with bf16
-// activations), F(4x4, 3x3) for an inference model's forward pass; see conv_gemm.hpp.
+// the images, and Winograd for every pass: F(4x4, 3x3) or F(2x2, 3x3) on sgemm, F(2x2, 3x3) on
+// gemm_bf16 with bf16 activations; see conv_gemm.hpp.
 #include "conv_gemm.hpp"
 
 #include <dnnl.h>
@@ -27,14 +27,14 @@ constexpr int kWinoPoints = 16;  // a 4x4 transformed tile
 // ... and for backward-weights on bf16 GEMMs (half the bytes a tile): 16 x kWeightChunk x (cin +
 // cout rounded up to 32) bf16 values, at most the fp32 chunks' bytes plus 512 KiB.
 constexpr int64_t kWeightChunk = 512;
-// F(4x4, 3x3), an inference model's forward pass: 6x6 transformed tiles, each giving 4x4 output
-// pixels; chunks of as many transformed rows as F(2x2, 3x3)'s (36 x 112 against 16 x 256).
+// F(4x4, 3x3): 6x6 transformed tiles, each giving 4x4 output pixels; chunks of as many
+// transformed rows as F(2x2, 3x3)'s (36 x 112 against 16 x 256).
 constexpr int kWino4Points = 36;
 constexpr int64_t kTileChunk4 = 112;
-// fp32 forward and backward-data run F(4x4, 3x3) where the batch has at least this many of its
-// tiles: with fewer, the GEMMs' rows are too few (measured per layer of UNet16 at 128x128, batch 2,
-// capped at AVX2 on 2 threads: F(4x4, 3x3) 10-30% faster on 32x32 images, 128 tiles, and 3-25%
-// slower on 16x16, 32 tiles; bench/README.md).
+// fp32 Winograd runs F(4x4, 3x3) where the batch has at least this many of its tiles: with
+// fewer, the GEMMs' rows are too few (forward and backward-data per layer of UNet16 at 128x128,
+// batch 2, capped at AVX2 on 2 threads, Zen 4: F(4x4, 3x3) 10-30% faster on 32x32 images, 128
+// tiles, and 3-25% slower on 16x16, 32 tiles).
 constexpr int64_t kTile4MinTiles = 64;
 constexpr int kLanes = 16;  // channels the Winograd transforms handle at a time
 

@@ -1,9 +1,9 @@
 // A 3x3 stride-1 fp32 convolution's passes as GEMMs on oneDNN's sgemm: one GEMM per kernel tap on
-// a zero-bordered copy of each image (no im2col buffer), and Winograd F(2x2, 3x3) for forward and
-// backward-data (16 GEMMs on transformed tiles, 2.25x fewer multiplications), F(4x4, 3x3) for an
-// inference model's forward pass (36 GEMMs, 4x fewer): the CPU backend's own kernels, next to
-// oneDNN's direct and blocked/Winograd convolutions. With bf16 activations the Winograd passes
-// read and write bf16 and multiply on bf16 GEMMs (gemm_bf16.hpp).
+// a zero-bordered copy of each image (no im2col buffer), and Winograd for every pass: F(4x4, 3x3)
+// (36 GEMMs on transformed tiles, 4x fewer multiplications) where the batch has enough tiles,
+// else F(2x2, 3x3) (16 GEMMs, 2.25x fewer): the CPU backend's own kernels, next to oneDNN's
+// direct and blocked/Winograd convolutions. With bf16 activations the Winograd passes read and
+// write bf16 and multiply on bf16 GEMMs (gemm_bf16.hpp).
 #pragma once
 
 #include <cstddef>
@@ -23,9 +23,10 @@ namespace dp::cpu {
 struct GemmConv {
   int n = 0, h = 0, w = 0, cin = 0, cout = 0;
   bool relu = false, has_bias = false;
-  // The output tile of forward Winograd: 2, F(2x2, 3x3); 4, F(4x4, 3x3), for a forward-only
-  // (inference) convolution, whose only pass is forward. F(4x4, 3x3)'s transforms multiply by up
-  // to 8 and 1/6: it rounds 2-10x more than F(2x2, 3x3), a few 1e-6 relative to direct.
+  // The output tile of the fp32 Winograd passes: 4, F(4x4, 3x3), where the batch has at least 64
+  // such tiles (n x ceil(h/4) x ceil(w/4)); else 2, F(2x2, 3x3), whose GEMMs have 4x the rows.
+  // F(4x4, 3x3)'s transforms multiply by up to 8 and 1/24: it rounds 2-10x more than F(2x2,
+  // 3x3), a few 1e-6 relative to direct in every pass.
   int tile = 2;
   // bf16 activations (--precision bf16): the Winograd passes only, F(2x2, 3x3) for every pass.
   // The transforms run in fp32; the transformed tiles and filters are rounded to bf16 and their
@@ -54,19 +55,19 @@ struct GemmConv {
                      void* copies) const;
   // The Winograd passes read and write activations of the convolution's type (float, or dp::bf16
   // with bf16_activations).
-  // Forward and backward-data by Winograd F(2x2, 3x3): each 4x4 input tile (stride 2) and each
-  // filter transformed (B^T d B, G g G^T), one GEMM per of the 16 transformed positions (tiles x
-  // cin times cin x cout), each 2x2 output tile transformed back (A^T m A). Backward-data is the
-  // same on the output gradient with the filters rotated by 180 degrees and cin, cout swapped.
-  // Tiles go in chunks, so the transformed copies stay small. Rounding differs from direct by
-  // about 1e-6 relative (the transforms multiply by 0.5 and 1 only).
+  // Forward and backward-data by Winograd F(MxM, 3x3), M = tile: each (M+2)x(M+2) input tile
+  // (stride M) and each filter transformed (B^T d B, G g G^T), one GEMM per transformed position
+  // (tiles x cin times cin x cout), each MxM output tile transformed back (A^T m A). Backward-data
+  // is the same on the output gradient with the filters rotated by 180 degrees and cin, cout
+  // swapped. Tiles go in chunks, so the transformed copies stay small. Rounding differs from direct
+  // by about 1e-6 relative (the transforms multiply by 0.5 and 1 only).
   void forward_winograd(const void* x, const float* w_oihw, const float* b, void* y, void* weights,
                         void* copies) const;
   void backward_data_winograd(const void* dy, const float* w_oihw, void* dx, void* weights,
                               void* copies) const;
-  // Backward-weights by the same transforms: for each of the 16 points, the transformed input
-  // tiles (B^T d B) times the transformed output-gradient tiles (A dY A^T), summed over all
-  // tiles of the batch, then G^T M G back to the 3x3 taps. The sums over tiles run in the
+  // Backward-weights by the same transforms: for each point, the transformed input tiles
+  // (B^T d B) times the transformed output-gradient tiles (A dY A^T), summed over all tiles of the
+  // batch, then G^T M G back to the 3x3 taps. The sums over tiles run in the
   // transformed domain (about 1e-6 relative from direct, as forward's).
   void backward_weights_winograd(const void* x, const void* dy, float* dw_oihw, float* db,
                                  void* weights, void* copies) const;
@@ -101,7 +102,7 @@ struct GemmConv {
   // matrices of bf16_packed_size(k_in, k_out) in gemm_bf16's layout; `rotated`: backward-data's
   // filters (k_in = cout, k_out = cin, rotated by 180 degrees).
   void winograd_filters(const float* w_oihw, bool rotated, void* u) const;
-  // F(4x4, 3x3) forward's filters: G g G^T of every filter into [36][cin][cout].
+  // F(4x4, 3x3)'s filters: G g G^T of every filter into [36][k_in][k_out], `rotated` as above.
   void winograd4_filters(const float* w_oihw, bool rotated, float* u) const;
 };
 

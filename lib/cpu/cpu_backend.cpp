@@ -372,11 +372,11 @@ std::string cpu_conv_kernels(CpuConvAlgo algo) {
     case CpuConvAlgo::kGemm:
       return "3x3: shifted GEMMs";
     case CpuConvAlgo::kGemmWinograd:
-      return "3x3: Winograd F(2x2, 3x3) on GEMMs";
+      return "3x3: Winograd on GEMMs";
     case CpuConvAlgo::kShape:
       return cpu_winograd_support().empty()
                  ? "3x3: Winograd forward where the channels pay for it, else direct"
-                 : "3x3: Winograd F(2x2, 3x3) on GEMMs forward where the channels pay for it, "
+                 : "3x3: Winograd on GEMMs forward where the channels pay for it, "
                    "else direct";
     case CpuConvAlgo::kDirect:
       break;

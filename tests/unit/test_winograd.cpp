@@ -134,7 +134,7 @@ TEST(BlockedConv, EachPassMatchesDirect) {
   }
 }
 
-// The shifted GEMMs and Winograd F(2x2, 3x3) on GEMMs sum in another order than oneDNN's kernels:
+// The shifted GEMMs and Winograd on GEMMs sum in another order than oneDNN's kernels:
 // every pass within 2e-5 of direct NHWC's, on any CPU, for odd sizes (partial Winograd tiles),
 // 3 input channels, a single pixel, and more tiles than one chunk holds (41x35, 2 images: 756
 // tiles, chunks that span both images, whose backward-weights sums accumulate over 3 chunks).

@@ -14,18 +14,19 @@ namespace dp {
 // alternative on blocked copies of the activations where that measured faster on this machine:
 // oneDNN's Winograd kernel (F(4x4, 3x3); AVX-512 only) or, where it has none, its direct kernels on
 // its blocked layout (nChw8c on AVX2). Both are timed on the layer's own tensors at the pass's
-// first use, for passes of at least 0.2 GFLOP whose scratchpad fits 96 MiB (the choice may differ
-// between runs and ranks; results differ in the last bits). The backend's own kernels on oneDNN's
+// first use, for passes of at least 0.2 GFLOP whose scratchpad fits 96 MiB and whose blocked
+// copies fit 32 MiB (the choice may differ between runs and ranks; results differ in the last
+// bits). The backend's own kernels on oneDNN's
 // sgemm are timed with them (lib/cpu/conv_gemm.hpp): nine GEMMs per pass, one per kernel tap, on
 // zero-bordered copies of each image (up to 2x faster than oneDNN 2.6's backward-weights kernels
-// on AVX2), and Winograd F(2x2, 3x3) on 16 GEMMs. kWinograd: oneDNN's Winograd wherever it has
-// it, whatever its memory; kBlocked: the direct kernels on blocked copies; kGemm: the shifted
-// GEMMs; kGemmWinograd: Winograd on GEMMs; each for every 3x3 stride-1 pass (tests, benchmarks).
-// kShape (dppredict's default): no timing; the forward pass of a 3x3 stride-1 convolution whose
-// channels pay for Winograd's transforms and copies (cin*cout/(cin+cout) >= 20, e.g. 64 -> 32)
-// and that has at least 0.2 GFLOP runs oneDNN's Winograd where it has it within the scratchpad
-// cap, else Winograd on GEMMs; all other passes direct. The same kernels on every run of a model
-// on one CPU.
+// on AVX2), and Winograd on GEMMs (F(4x4, 3x3) where a batch has 64 of its tiles, else F(2x2)).
+// kWinograd: oneDNN's Winograd wherever it has it, whatever its memory; kBlocked: the direct
+// kernels on blocked copies; kGemm: the shifted GEMMs; kGemmWinograd: Winograd on GEMMs; each for
+// every 3x3 stride-1 pass (tests, benchmarks). kShape (dppredict's default): no timing; the forward
+// pass of a 3x3 stride-1 convolution whose channels pay for Winograd's transforms and copies
+// (cin*cout/(cin+cout) >= 20, e.g. 64 -> 32) and that has at least 0.2 GFLOP runs oneDNN's Winograd
+// where it has it within the scratchpad cap, else Winograd on GEMMs; all other passes direct. The
+// same kernels on every run of a model on one CPU.
 enum class CpuConvAlgo { kDirect, kAuto, kWinograd, kBlocked, kGemm, kGemmWinograd, kShape };
 
 struct CpuOptions {
