@@ -76,8 +76,7 @@ int64_t GemmConv::wide_rows() const {
 }
 
 size_t GemmConv::copies_bytes(bool plain) const {
-  // (Backward-weights runs F(2x2, 3x3) whatever the tile.)
-  const size_t rows = std::max(kWino4Points * kTileChunk4, kWinoPoints * kTileChunk);
+  const size_t rows = tile == 4 ? kWino4Points * kTileChunk4 : kWinoPoints * kTileChunk;
   size_t wino = (rows * (cin + cout) + std::max(cin, cout)) * sizeof(float);
   if (bf16_activations)  // backward-weights' chunks (forward's and backward-data's are smaller)
     wino = std::max(
@@ -839,44 +838,34 @@ void GemmConv::winograd4_filters(const float* w_oihw, bool rotated, float* u) co
 
 void GemmConv::forward_winograd(const void* x, const float* w_oihw, const float* b, void* y,
                                 void* weights, void* copies) const {
-  const float* bias = has_bias ? b : nullptr;
-  if (bf16_activations) {
-    winograd_filters(w_oihw, false, weights);
-    winograd_tiles<2>(n, h, w, static_cast<const bf16*>(x), cin, cout,
-                      static_cast<const bf16*>(weights), bias, relu, static_cast<bf16*>(y), copies);
-    return;
-  }
-  float* u = static_cast<float*>(weights);
-  if (tile == 4) {
-    winograd4_filters(w_oihw, false, u);
-    winograd_tiles<4>(n, h, w, static_cast<const float*>(x), cin, cout, u, bias, relu,
-                      static_cast<float*>(y), copies);
-    return;
-  }
-  winograd_filters(w_oihw, false, u);
-  winograd_tiles<2>(n, h, w, static_cast<const float*>(x), cin, cout, u, bias, relu,
-                    static_cast<float*>(y), copies);
+  winograd_pass(x, w_oihw, false, has_bias ? b : nullptr, relu, y, weights, copies);
 }
 
 void GemmConv::backward_data_winograd(const void* dy, const float* w_oihw, void* dx, void* weights,
                                       void* copies) const {
+  winograd_pass(dy, w_oihw, true, nullptr, false, dx, weights, copies);
+}
+
+void GemmConv::winograd_pass(const void* in, const float* w_oihw, bool rotated, const float* bias,
+                             bool relu_out, void* out, void* weights, void* copies) const {
+  const int64_t k_in = rotated ? cout : cin, k_out = rotated ? cin : cout;
   if (bf16_activations) {
-    winograd_filters(w_oihw, true, weights);
-    winograd_tiles<2>(n, h, w, static_cast<const bf16*>(dy), cout, cin,
-                      static_cast<const bf16*>(weights), nullptr, false, static_cast<bf16*>(dx),
+    winograd_filters(w_oihw, rotated, weights);
+    winograd_tiles<2>(n, h, w, static_cast<const bf16*>(in), k_in, k_out,
+                      static_cast<const bf16*>(weights), bias, relu_out, static_cast<bf16*>(out),
                       copies);
     return;
   }
-  float* u = static_cast<float*>(weights);
+  const auto* x = static_cast<const float*>(in);
+  auto* y = static_cast<float*>(out);
+  auto* u = static_cast<float*>(weights);
   if (tile == 4) {
-    winograd4_filters(w_oihw, true, u);
-    winograd_tiles<4>(n, h, w, static_cast<const float*>(dy), cout, cin, u, nullptr, false,
-                      static_cast<float*>(dx), copies);
-    return;
+    winograd4_filters(w_oihw, rotated, u);
+    winograd_tiles<4>(n, h, w, x, k_in, k_out, u, bias, relu_out, y, copies);
+  } else {
+    winograd_filters(w_oihw, rotated, u);
+    winograd_tiles<2>(n, h, w, x, k_in, k_out, u, bias, relu_out, y, copies);
   }
-  winograd_filters(w_oihw, true, u);
-  winograd_tiles<2>(n, h, w, static_cast<const float*>(dy), cout, cin, u, nullptr, false,
-                    static_cast<float*>(dx), copies);
 }
 
 // dL/dU = V (.) (A dY A^T) per tile, so the weight gradient is G^T M G with M[p] = sum over tiles
@@ -985,16 +974,17 @@ void GemmConv::weight_points_bf16(const bf16* x, const bf16* dy, float* acc, voi
 template <int M>
 void GemmConv::points_to_weights(const float* acc, float* dw_oihw) const {
   constexpr int kSide = M + 2, kPoints = kSide * kSide;
-  constexpr float k6 = 1.0f / 6, k12 = 1.0f / 12, k24 = 1.0f / 24;
-  constexpr float kG2[3][4] = {{1, .5f, .5f, 0}, {0, .5f, -.5f, 0}, {0, .5f, .5f, 1}};
-  constexpr float kG4[3][6] = {
+  static constexpr float k6 = 1.0f / 6, k12 = 1.0f / 12, k24 = 1.0f / 24;
+  static constexpr float kG2[3][4] = {{1, .5f, .5f, 0}, {0, .5f, -.5f, 0}, {0, .5f, .5f, 1}};
+  static constexpr float kG4[3][6] = {
       {.25f, -k6, -k6, k24, k24, 0}, {0, -k6, k6, k12, -k12, 0}, {0, -k6, -k6, k6, k6, 1}};
-  const auto& gt = [&]() -> const float(&)[3][kSide] {
+  const auto& gt = []() -> const auto& {
     if constexpr (M == 2)
       return kG2;
     else
       return kG4;
-  }();
+  }
+  ();
 #pragma omp parallel for schedule(static)
   for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock) {
     const int64_t lanes = std::min<int64_t>(kChannelBlock, cout - o0);

@@ -83,6 +83,10 @@ struct GemmConv {
   void widen(const float* dy, float* dyw) const;
   template <typename T>
   void bias_gradient(const T* dy, float* db) const;
+  // Forward (or, `rotated`, backward-data) Winograd on `in` into `out` with the optional bias and
+  // ReLU: the filters transformed into `weights`, the tiles through the copies.
+  void winograd_pass(const void* in, const float* w_oihw, bool rotated, const float* bias,
+                     bool relu_out, void* out, void* weights, void* copies) const;
   // The pixels of Winograd F(MxM, 3x3) tile (ty, tx), a zero row for those outside the image: the
   // (M+2)x(M+2) input tile at stride M, and the MxM output-gradient tile there.
   template <int M, typename T>
