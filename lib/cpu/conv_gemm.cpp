@@ -14,6 +14,7 @@
 #include "dp/bf16.hpp"
 #include "dp/error.hpp"
 #include "gemm_bf16.hpp"
+#include "simd.hpp"
 
 namespace dp::cpu {
 namespace {
@@ -129,10 +130,7 @@ void GemmConv::taps_to_weights(const float* taps, float* w_oihw) const {
 }
 
 // The Winograd tile transforms, on kLanes channels at a time (a lane at a time for the rest),
-// compiled for AVX2 + FMA as well as for the baseline and picked at load time (the library is
-// built for any x86-64; at the baseline's 4 floats a vector they took 15% of a 2-thread AVX2
-// full-width step in perf). They only add, subtract and halve.
-#define DP_AVX2_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
+// with AVX2 clones (simd.hpp). They only add, subtract and halve.
 
 namespace {
 
@@ -587,10 +585,16 @@ void GemmConv::bias_gradient(const T* dy, float* db) const {
   const int64_t pixels = int64_t(n) * h * w;
 #pragma omp parallel for schedule(static)
   for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock) {
-    const int64_t o1 = std::min<int64_t>(o0 + kChannelBlock, cout);
-    std::fill(db + o0, db + o1, 0.0f);
-    for (int64_t p = 0; p < pixels; ++p)
-      for (int64_t o = o0; o < o1; ++o) db[o] += to_float(dy[p * cout + o]);
+    const int64_t lanes = std::min<int64_t>(kChannelBlock, cout - o0);
+    float sum[kChannelBlock] = {};  // in registers, where db might alias dy
+    for (int64_t p = 0; p < pixels; ++p) {
+      const T* row = dy + p * cout + o0;
+      if (lanes == kChannelBlock)
+        for (int64_t o = 0; o < kChannelBlock; ++o) sum[o] += to_float(row[o]);
+      else
+        for (int64_t o = 0; o < lanes; ++o) sum[o] += to_float(row[o]);
+    }
+    std::copy_n(sum, lanes, db + o0);
   }
 }
 
@@ -628,8 +632,8 @@ using FilterBlock = float[kWinoPoints][kChannelBlock];  // [point][output channe
 // store(c, o0, lanes, v) two input channels at a time: v[j][p][l] is point p of the filter from
 // input channel c + j to output channel o0 + l (l < lanes); past cin, v[1] is zeros.
 template <typename Store>
-void transform_filters(int64_t cin, int64_t cout, const float* w_oihw, bool rotated,
-                       const Store& store) {
+DP_AVX2_CLONES void transform_filters(int64_t cin, int64_t cout, const float* w_oihw, bool rotated,
+                                      const Store& store) {
 #pragma omp parallel for schedule(static)
   for (int64_t o0 = 0; o0 < cout; o0 += kChannelBlock) {
     const int64_t lanes = std::min<int64_t>(kChannelBlock, cout - o0);
@@ -883,15 +887,14 @@ void GemmConv::backward_weights_winograd(const void* x, const void* dy, float* d
   }
   const auto* xf = static_cast<const float*>(x);
   const auto* dyf = static_cast<const float*>(dy);
-  if (tile == 4)
-    weight_points<4>(xf, dyf, acc, copies);
-  else
-    weight_points<2>(xf, dyf, acc, copies);
   bias_gradient(dyf, db);
-  if (tile == 4)
+  if (tile == 4) {
+    weight_points<4>(xf, dyf, acc, copies);
     points_to_weights<4>(acc, dw_oihw);
-  else
+  } else {
+    weight_points<2>(xf, dyf, acc, copies);
     points_to_weights<2>(acc, dw_oihw);
+  }
 }
 
 template <int M>
@@ -995,13 +998,15 @@ void GemmConv::points_to_weights(const float* acc, float* dw_oihw) const {
       float t[3][kSide][kChannelBlock] = {}, r[kTaps][kChannelBlock] = {};  // G^T M, G^T M G
       for (int i = 0; i < 3; ++i)
         for (int q = 0; q < kSide; ++q)
-          for (int j = 0; j < kSide; ++j)
-            for (int64_t l = 0; l < kChannelBlock; ++l)
-              t[i][j][l] += gt[i][q] * m[q * kSide + j][l];
+          if (gt[i][q] != 0.0f)  // (F(2x2)'s G^T is a third zeros)
+            for (int j = 0; j < kSide; ++j)
+              for (int64_t l = 0; l < kChannelBlock; ++l)
+                t[i][j][l] += gt[i][q] * m[q * kSide + j][l];
       for (int i = 0; i < 3; ++i)
         for (int k = 0; k < 3; ++k)
           for (int j = 0; j < kSide; ++j)
-            for (int64_t l = 0; l < kChannelBlock; ++l) r[i * 3 + k][l] += t[i][j][l] * gt[k][j];
+            if (gt[k][j] != 0.0f)
+              for (int64_t l = 0; l < kChannelBlock; ++l) r[i * 3 + k][l] += t[i][j][l] * gt[k][j];
       for (int64_t l = 0; l < lanes; ++l)
         for (int k = 0; k < kTaps; ++k) dw_oihw[((o0 + l) * cin + c) * kTaps + k] = r[k][l];
     }

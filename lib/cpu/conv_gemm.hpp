@@ -11,6 +11,7 @@
 
 #include "dp/backend.hpp"
 #include "dp/bf16.hpp"
+#include "simd.hpp"
 
 namespace dp::cpu {
 
@@ -81,8 +82,9 @@ struct GemmConv {
   void taps_to_weights(const float* taps, float* w_oihw) const;
   void border_image(const float* x, float* xp) const;
   void widen(const float* dy, float* dyw) const;
+  // (Per-thread passes over whole tensors, cloned for AVX2, simd.hpp.)
   template <typename T>
-  void bias_gradient(const T* dy, float* db) const;
+  DP_AVX2_CLONES void bias_gradient(const T* dy, float* db) const;
   // Forward (or, `rotated`, backward-data) Winograd on `in` into `out` with the optional bias and
   // ReLU: the filters transformed into `weights`, the tiles through the copies.
   void winograd_pass(const void* in, const float* w_oihw, bool rotated, const float* bias,
@@ -101,13 +103,13 @@ struct GemmConv {
   void weight_points(const float* x, const float* dy, float* acc, void* copies) const;
   void weight_points_bf16(const bf16* x, const bf16* dy, float* acc, void* copies) const;
   template <int M>
-  void points_to_weights(const float* acc, float* dw_oihw) const;
+  DP_AVX2_CLONES void points_to_weights(const float* acc, float* dw_oihw) const;
   // G g G^T of every filter into `u`, [16][k_in][k_out] floats, or with bf16_activations 16
   // matrices of bf16_packed_size(k_in, k_out) in gemm_bf16's layout; `rotated`: backward-data's
   // filters (k_in = cout, k_out = cin, rotated by 180 degrees).
   void winograd_filters(const float* w_oihw, bool rotated, void* u) const;
   // F(4x4, 3x3)'s filters: G g G^T of every filter into [36][k_in][k_out], `rotated` as above.
-  void winograd4_filters(const float* w_oihw, bool rotated, float* u) const;
+  DP_AVX2_CLONES void winograd4_filters(const float* w_oihw, bool rotated, float* u) const;
 };
 
 }  // namespace dp::cpu

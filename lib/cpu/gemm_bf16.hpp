@@ -6,9 +6,7 @@
 #include <cstdint>
 
 #include "dp/bf16.hpp"
-
-// Code for the CPUs bf16 runs on (AVX512-BF16), in a library built for any x86-64.
-#define DP_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
+#include "simd.hpp"
 
 namespace dp::cpu {
 

@@ -22,11 +22,12 @@ inline float to_float(float x) {
 }
 
 // Round to nearest even (as PyTorch, oneDNN and CUDA's __float2bfloat16); NaN stays NaN.
+// (A select, not a branch, so that loops of it vectorise.)
 inline bf16 to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40u)};
-  return bf16{uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+  const uint32_t nan = (u >> 16) | 0x40u, rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return bf16{uint16_t((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded)};
 }
 
 // Stores an fp32 value as T (float or bf16).
