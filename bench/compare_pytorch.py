@@ -23,6 +23,11 @@ multiply-adds), the same count for both sides.
 ATEN_CPU_CAPABILITY for PyTorch's own kernels. A machine can only cap downwards; the ISA each side
 really ran is read from a probe run with ONEDNN_VERBOSE=1 (oneDNN's "isa:" line) and from
 torch.__config__.show(), and printed with the table, with a note when it differs from the request.
+
+Where dptrain ran bf16 on AMX, a last column gives its share of the AMX peak: 1024 FLOP a cycle a
+core (a TDPBF16PS: 16 x 32 x 16 bf16 multiply-adds in 16 cycles), times the case's threads x ranks,
+times --peak-ghz (default: /proc/cpuinfo's "cpu MHz", which a VM reports as its TSC's clock, not
+the turbo clock the cores may run at).
 """
 import argparse
 import json
@@ -123,6 +128,15 @@ def run_dptrain(build, data, work, divisor, batch, threads, ranks, warmup, steps
     return batch * ranks / step, rss[0]
 
 
+AMX_FLOP_PER_CYCLE = 1024  # bf16, one core
+
+
+def cpuinfo_ghz():
+    with open("/proc/cpuinfo") as f:
+        m = re.search(r"^cpu MHz\s*:\s*([0-9.]+)", f.read(), re.M)
+    return float(m.group(1)) / 1e3 if m else None
+
+
 def run_torch(python, divisor, batch, threads, ranks, size, warmup, steps, precision, env):
     out = subprocess.run([python, os.path.join(HERE, "pytorch_peer.py"), "--world", str(ranks),
                           "--threads", str(threads), "--divisor", str(divisor), "--size", size,
@@ -146,6 +160,8 @@ def main():
                     help="bf16: dptrain --precision bf16 vs torch.autocast(bfloat16)")
     ap.add_argument("--isa", choices=list(ISAS), default="native",
                     help="cap both sides' CPU instruction set (only downwards)")
+    ap.add_argument("--peak-ghz", type=float, default=None,
+                    help="the clock of the AMX peak (default: /proc/cpuinfo's cpu MHz)")
     args = ap.parse_args()
     if args.list:
         for i, (name, _, _, t, r, _) in enumerate(CASES):
@@ -168,9 +184,11 @@ def main():
         if args.isa != "native" and dp_name != args.isa:
             print(f"note: this CPU cannot run {args.isa} (a machine can only cap downwards): "
                   f"both sides ran its best instead, {dp_name}")
+        ghz = args.peak_ghz or cpuinfo_ghz()
+        amx = "amx" in dp_name and args.precision == "bf16" and ghz is not None
         print(f"{'case':26s} {'thr':>3s} {'dptrain img/s':>13s} {'PyTorch img/s':>13s} "
               f"{'ratio':>6s} {'dp TFLOP/s':>10s} {'PT TFLOP/s':>10s} {'dptrain MiB':>11s} "
-              f"{'PyTorch MiB':>11s} {'mem ratio':>9s}")
+              f"{'PyTorch MiB':>11s} {'mem ratio':>9s}" + (f" {'AMX peak':>8s}" if amx else ""))
         version = "?"
         for name, d, b, t, r, size in cases:
             dp, pt, dp_mem, pt_mem = [], [], [], []
@@ -183,10 +201,15 @@ def main():
                 pt.append(ips), pt_mem.append(mem)
             a, p = statistics.median(dp), statistics.median(pt)
             ma, mp_ = max(dp_mem), max(pt_mem)
+            share = a * flop / (t * r * AMX_FLOP_PER_CYCLE * ghz * 1e9) if amx else 0.0
             print(f"{name:26s} {t * r:3d} {a:13.2f} {p:13.2f} {a / p:6.2f} {a * flop / 1e12:10.3f} "
-                  f"{p * flop / 1e12:10.3f} {ma:11.0f} {mp_:11.0f} {ma / mp_:9.2f}", flush=True)
+                  f"{p * flop / 1e12:10.3f} {ma:11.0f} {mp_:11.0f} {ma / mp_:9.2f}"
+                  + (f" {100 * share:7.1f}%" if amx else ""), flush=True)
         print(f"PyTorch {version}; {args.precision}; --isa {args.isa}; {args.rounds} rounds, median of "
               f"{args.steps} steps after {args.warmup} warm-up each")
+        if amx:
+            print(f"AMX peak: {AMX_FLOP_PER_CYCLE} FLOP a cycle a core x threads x ranks x "
+                  f"{ghz:.2f} GHz ({'--peak-ghz' if args.peak_ghz else '/proc/cpuinfo'})")
 
 
 if __name__ == "__main__":
