@@ -22,7 +22,7 @@ namespace {
 constexpr int kTaps = 9;
 
 // Winograd tiles transformed at a time: 16 x kTileChunk x (cin + cout) floats of copies (at most
-// 32 MiB for 1024 channels), and GEMMs of kTileChunk rows.
+// 32 MiB for 1024 channels), each thread's GEMMs on kTileChunk / threads of those rows.
 constexpr int64_t kTileChunk = 256;
 constexpr int kWinoPoints = 16;  // a 4x4 transformed tile
 // ... and for backward-weights on bf16 GEMMs (half the bytes a tile): 16 x kWeightChunk x (cin +
@@ -722,23 +722,24 @@ void GemmConv::gradient_pixels(const T* grad, int64_t k, int64_t ty, int64_t tx,
 
 namespace {
 
-// Runs share(image, first tile of the chunk, begin, end) on every thread for each chunk of `chunk`
-// tiles of each of n images of `tiles` tiles, [begin, end) being the thread's share of the chunk's
-// tiles. A share's input transforms, its GEMMs over those rows (each sgemm on its calling thread
-// inside the region) and their output transforms read and write only its rows of the copies, so
-// the threads meet once a chunk (the next chunk's shares differ where its tile count does), not
-// after each step.
+// Runs piece(first tile, count, first row) on every thread over its contiguous part of `total`
+// tiles (all images' tiles in order), in pieces of up to its own `chunk / threads` rows of the
+// copies (from `first row`; threads past `chunk` have none and no part). A piece's input
+// transforms, its GEMMs over those rows (each sgemm on its calling thread inside the region) and
+// their output transforms touch only the thread's rows and its tiles' outputs, so the threads
+// never wait for each other inside a pass (with a barrier a chunk, a full-width 2-thread bf16
+// step spent 5.3% of its time in OpenMP's waits, 3.9% without, in perf on Zen 4).
 template <typename F>
-void for_each_chunk_share(int64_t n, int64_t tiles, int64_t chunk, const F& share) {
+void for_each_thread_piece(int64_t total, int64_t chunk, const F& piece) {
 #pragma omp parallel
   {
-    const int64_t threads = omp_get_num_threads(), me = omp_get_thread_num();
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t t0 = 0; t0 < tiles; t0 += chunk) {
-        const int64_t count = std::min(chunk, tiles - t0);
-        share(i, t0, count * me / threads, count * (me + 1) / threads);
-#pragma omp barrier
-      }
+    const int64_t threads = std::min<int64_t>(omp_get_num_threads(), chunk);
+    const int64_t me = omp_get_thread_num(), rows = chunk / threads;
+    if (me < threads) {
+      const int64_t end = total * (me + 1) / threads;
+      for (int64_t t = total * me / threads; t < end; t += rows)
+        piece(t, std::min(rows, end - t), me * rows);
+    }
   }
 }
 
@@ -760,11 +761,10 @@ void winograd_tiles(int64_t n, int64_t h, int64_t w, const T* in, int64_t k_in, 
   float* mt = reinterpret_cast<float*>(vt + kPoints * kChunk * k_in);  // [points][chunk][k_out]
   T* zeros = reinterpret_cast<T*>(mt + kPoints * kChunk * k_out);      // pixels outside the image
   std::memset(static_cast<void*>(zeros), 0, size_t(k_in) * sizeof(T));
-  for_each_chunk_share(n, tiles, kChunk, [&](int64_t i, int64_t t0, int64_t begin, int64_t end) {
-    const T* image = in + i * h * w * k_in;
-    T* result = out + i * h * w * k_out;
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
+  for_each_thread_piece(n * tiles, kChunk, [&](int64_t first, int64_t count, int64_t row0) {
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t g = first + j, i = g / tiles, ty = g % tiles / tiles_w, tx = g % tiles_w;
+      const T* image = in + i * h * w * k_in;
       const T* d[kSide][kSide];
       for (int r = 0; r < kSide; ++r)
         for (int c = 0; c < kSide; ++c) {
@@ -772,21 +772,21 @@ void winograd_tiles(int64_t n, int64_t h, int64_t w, const T* in, int64_t k_in, 
           d[r][c] = y >= 0 && y < h && x >= 0 && x < w ? image + (y * w + x) * k_in : zeros;
         }
       if constexpr (M == 2)
-        input_transform(d, k_in, vt + t * k_in, kChunk * k_in);
+        input_transform(d, k_in, vt + (row0 + j) * k_in, kChunk * k_in);
       else
-        input6_transform(d, k_in, vt + t * k_in, kChunk * k_in);
+        input6_transform(d, k_in, vt + (row0 + j) * k_in, kChunk * k_in);
     }
-    for (int p = 0; p < kPoints && begin < end; ++p) {
-      const T* a = vt + (p * kChunk + begin) * k_in;
-      float* c = mt + (p * kChunk + begin) * k_out;
+    for (int p = 0; p < kPoints; ++p) {
+      const T* a = vt + (p * kChunk + row0) * k_in;
+      float* c = mt + (p * kChunk + row0) * k_out;
       if constexpr (std::is_same_v<T, float>)
-        sgemm('N', 'N', end - begin, k_out, k_in, a, k_in, u + p * k_in * k_out, k_out, 0.0f, c,
-              k_out);
+        sgemm('N', 'N', count, k_out, k_in, a, k_in, u + p * k_in * k_out, k_out, 0.0f, c, k_out);
       else
-        gemm_bf16(end - begin, k_out, k_in, a, k_in, 2, u + p * packed, c, k_out, false);
+        gemm_bf16(count, k_out, k_in, a, k_in, 2, u + p * packed, c, k_out, false);
     }
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t ty = (t0 + t) / tiles_w, tx = (t0 + t) % tiles_w;
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t g = first + j, i = g / tiles, ty = g % tiles / tiles_w, tx = g % tiles_w;
+      T* result = out + i * h * w * k_out;
       T* o[M][M];
       for (int r = 0; r < M; ++r)
         for (int c = 0; c < M; ++c) {
@@ -794,9 +794,9 @@ void winograd_tiles(int64_t n, int64_t h, int64_t w, const T* in, int64_t k_in, 
           o[r][c] = y < h && x < w ? result + (y * w + x) * k_out : nullptr;
         }
       if constexpr (M == 2)
-        output_transform(mt + t * k_out, kChunk * k_out, k_out, b, relu, o);
+        output_transform(mt + (row0 + j) * k_out, kChunk * k_out, k_out, b, relu, o);
       else
-        output4_transform(mt + t * k_out, kChunk * k_out, k_out, b, relu, o);
+        output4_transform(mt + (row0 + j) * k_out, kChunk * k_out, k_out, b, relu, o);
     }
   });
 }
