@@ -36,8 +36,10 @@ class FlushDenormals {
 
 }  // namespace
 
-void sgd_update(int64_t count, float* p, const float* grad, float* m, float lr, float momentum,
-                float weight_decay, bool nesterov) {
+// The updates pass over every parameter each step, with AVX2 clones (simd.hpp): AdamW on 29M
+// parameters (full-width UNet16) took 34-37 ms on one Zen 4 core at the baseline, 19-26 ms cloned.
+DP_AVX2_CLONES void sgd_update(int64_t count, float* p, const float* grad, float* m, float lr,
+                               float momentum, float weight_decay, bool nesterov) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < count; ++i) {
     const float g = grad[i] + weight_decay * p[i];
@@ -47,8 +49,9 @@ void sgd_update(int64_t count, float* p, const float* grad, float* m, float lr, 
   }
 }
 
-void adamw_update(int64_t count, float* p, const float* g, float* m, float* v, float decay,
-                  float b1, float b2, float eps, float step_size, float bc2_sqrt) {
+DP_AVX2_CLONES void adamw_update(int64_t count, float* p, const float* g, float* m, float* v,
+                                 float decay, float b1, float b2, float eps, float step_size,
+                                 float bc2_sqrt) {
 #pragma omp parallel
   {
     const FlushDenormals flush;
@@ -71,12 +74,12 @@ DP_AVX2_CLONES double sum_squares(int64_t count, const float* src) {
   return sum;
 }
 
-void scale(int64_t count, float alpha, float* dst) {
+DP_AVX2_CLONES void scale(int64_t count, float alpha, float* dst) {
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < count; ++i) dst[i] *= alpha;
 }
 
-void ema_update(int64_t count, const float* src, float decay, float* avg) {
+DP_AVX2_CLONES void ema_update(int64_t count, const float* src, float decay, float* avg) {
   const float keep = decay, take = 1.0f - decay;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < count; ++i) avg[i] = keep * avg[i] + take * src[i];
